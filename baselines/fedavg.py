@@ -1,0 +1,77 @@
+"""FedAvg (McMahan et al., AISTATS 2017): clients train the broadcast model, the server averages.
+
+Algorithm, per round: the server sends the global weights; each client loads them, trains
+`local_epochs` full-batch steps and uploads its weights with its number of training nodes; the
+server sets the global weights to the weighted mean. Default weighting is by training nodes, as in
+the FedAvg paper; `weighting=uniform` is the plain mean of FED-PUB's released code (research notes
+§2.2). Default backbone H2GCN (paper B.6: FedAvg shares FedGMC's backbone).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
+from gfl_bench.errors import UserError
+from gfl_bench.method import Message, Method, MethodParams, Round, Server, register
+from gfl_bench.training import TrainingClient
+
+WEIGHTINGS = ("train", "uniform")
+
+
+@dataclass(frozen=True)
+class FedAvgParams(MethodParams):
+    backbone: str = "h2gcn"
+    weighting: str = "train"  # "train": by training-node count; "uniform": plain mean
+
+    def __post_init__(self) -> None:
+        if self.weighting not in WEIGHTINGS:
+            raise UserError(f"weighting must be one of {', '.join(WEIGHTINGS)}, got {self.weighting!r}")
+
+
+class FedAvgClient(TrainingClient):
+    """Loads the received weights, trains, uploads the shared part of its model."""
+
+    def shared_state(self) -> dict[str, torch.Tensor]:
+        """What this client uploads: the whole model (FedPer keeps its head back)."""
+        return model_state(self.model)
+
+    def fit(self, rnd: Round, message: Message) -> Message:
+        load_model_state(self.model, message["weights"])
+        self.train_local()
+        return {"weights": self.shared_state(), "num_train": torch.tensor(self.num_train)}
+
+
+class FedAvgServer(Server):
+    """Holds the global weights; sends them to every client; replaces them by the clients' mean."""
+
+    def __init__(self, model, params: FedAvgParams, setup) -> None:
+        super().__init__(model, params, setup)
+        self.global_weights = self.initial_weights()
+
+    def initial_weights(self) -> dict[str, torch.Tensor]:
+        return model_state(self.model)
+
+    def configure(self, rnd: Round, client_ids: list[int]) -> dict[int, Message]:
+        return {cid: {"weights": self.global_weights} for cid in client_ids}
+
+    def aggregate(self, rnd: Round, uploads: Mapping[int, Message]) -> None:
+        states = [u["weights"] for u in uploads.values()]
+        if self.params.weighting == "uniform":
+            weights = torch.ones(len(states))
+        else:
+            weights = torch.stack([u["num_train"] for u in uploads.values()]).float().clamp(min=1)
+        self.global_weights = weighted_mean(states, weights)
+
+
+@register
+class FedAvg(Method):
+    name = "fedavg"
+    title = "FedAvg"
+    summary = "whole model up and down; server takes the training-size-weighted mean"
+    Params = FedAvgParams
+    client = FedAvgClient
+    server = FedAvgServer

@@ -1,0 +1,47 @@
+"""FedProx (Li et al., MLSys 2020): FedAvg whose local objective adds a proximal term.
+
+Local loss = CE + (mu/2) * ||theta - theta_global||^2, where theta_global are the weights received
+at the start of the round (squared norm, as in the FedProx paper, OpenFGL and the GCFL repo; research
+notes §2.3). Default mu = 0.01 (GCFL repo; the FedProx paper searches {0.001, 0.01, 0.1, 1}).
+Backbone: the 2-layer GCN + classifier (paper B.6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
+from gfl_bench.method import Message, Method, Round, register
+
+
+@dataclass(frozen=True)
+class FedProxParams(FedAvgParams):
+    backbone: str = "gcn"
+    mu: float = 0.01
+
+
+class FedProxClient(FedAvgClient):
+    def fit(self, rnd: Round, message: Message) -> Message:
+        self.anchor = message["weights"]
+        return super().fit(rnd, message)
+
+    def loss(self) -> Tensor:
+        proximal = sum(
+            (param - self.anchor[name]).pow(2).sum()
+            for name, param in self.model.named_parameters()
+            if name in self.anchor
+        )
+        return super().loss() + 0.5 * self.params.mu * proximal
+
+
+@register
+class FedProx(Method):
+    name = "fedprox"
+    title = "FedProx"
+    summary = "as FedAvg, plus a proximal term to the received weights in the local loss"
+    Params = FedProxParams
+    client = FedProxClient
+    server = FedAvgServer

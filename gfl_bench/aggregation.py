@@ -1,0 +1,39 @@
+"""Model-state helpers shared by every method that sends weights: copy out, load in, average."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+
+def model_state(model: nn.Module, exclude_prefix: str | None = None) -> dict[str, Tensor]:
+    """The model's parameters and buffers by name, detached, optionally without one sub-module."""
+    return {
+        name: value.detach()
+        for name, value in model.state_dict().items()
+        if exclude_prefix is None or not name.startswith(exclude_prefix + ".")
+    }
+
+
+def load_model_state(model: nn.Module, state: dict[str, Tensor]) -> None:
+    """Copy `state` into the model in place (optimiser state keeps pointing at the same tensors)."""
+    unexpected = set(state) - set(model.state_dict())
+    if unexpected:
+        raise KeyError(f"state has keys the model lacks: {sorted(unexpected)}")
+    model.load_state_dict(state, strict=False)
+
+
+def weighted_mean(states: Sequence[dict[str, Tensor]], weights: Tensor) -> dict[str, Tensor]:
+    """sum_i w_i * state_i / sum_i w_i, key by key."""
+    if not states:
+        raise ValueError("nothing to average")
+    w = weights.to(dtype=torch.float64)
+    w = w / w.sum()
+    mean = {}
+    for key in states[0]:
+        stacked = torch.stack([s[key] for s in states])
+        mixed = torch.tensordot(w.to(stacked.device), stacked.to(torch.float64), dims=1)
+        mean[key] = mixed.to(stacked.dtype)
+    return mean

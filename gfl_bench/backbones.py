@@ -1,0 +1,115 @@
+"""The GNN backbones the methods train: the 2-layer GCN + classifier of the FED-PUB protocol and H2GCN.
+
+Each backbone names its classification head (`head`), which personalised methods keep local, and
+declares the graph operators it needs (`prepare`), computed once per client before training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+from torch_geometric.data import Data
+from torch_geometric.nn import GCNConv
+
+from gfl_bench.errors import UserError
+from gfl_bench.graph_ops import gcn_adjacency, h2gcn_adjacencies
+
+
+class Backbone(nn.Module):
+    """A node classifier on one client's graph: `forward(graph)` returns logits for every node."""
+
+    head: ClassVar[str] = "classifier"  # prefix of the parameters that form the classification head
+
+    def __init__(self, in_dim: int, hidden: int, num_classes: int, dropout: float) -> None:
+        super().__init__()
+        self.dropout = dropout
+
+    @staticmethod
+    def prepare(graph: Data) -> None:
+        """Attach the operators `forward` reads to `graph` (called once, before training)."""
+
+
+class GCN(Backbone):
+    """Two GCN layers and a linear classifier (FED-PUB `nets.GCN`, protocol §1.5).
+
+    `embed` returns the second layer's output before its ReLU, the tap FED-PUB uses for its
+    functional embeddings.
+    """
+
+    def __init__(self, in_dim: int, hidden: int, num_classes: int, dropout: float) -> None:
+        super().__init__(in_dim, hidden, num_classes, dropout)
+        self.conv1 = GCNConv(in_dim, hidden, normalize=False)
+        self.conv2 = GCNConv(hidden, hidden, normalize=False)
+        self.classifier = nn.Linear(hidden, num_classes)
+
+    @staticmethod
+    def prepare(graph: Data) -> None:
+        if "gcn_adj" not in graph:
+            graph.gcn_adj = gcn_adjacency(graph.edge_index, graph.num_nodes)
+
+    def embed(self, graph: Data) -> Tensor:
+        h = F.relu(self.conv1(graph.x, graph.gcn_adj))
+        h = F.dropout(h, self.dropout, self.training)
+        return self.conv2(h, graph.gcn_adj)
+
+    def forward(self, graph: Data) -> Tensor:
+        h = F.dropout(F.relu(self.embed(graph)), self.dropout, self.training)
+        return self.classifier(h)
+
+
+@dataclass(frozen=True)
+class H2GCNRepresentations:
+    """H2GCN's intermediate representations, which FedGMC calibrates."""
+
+    ego: Tensor  # r0 = ReLU(X W_ego), structure-free
+    hop1: Tensor  # normalised 1-hop aggregation of ego embeddings
+    hop2: Tensor  # normalised strict 2-hop aggregation of ego embeddings
+    combined: Tensor  # [r0 || r1 || r2], the classifier's input
+
+
+class H2GCN(Backbone):
+    """H2GCN with K=2 rounds (Zhu et al., NeurIPS 2020; official `M64-R-T1-G-V-T2-G-V-C1-C2-D0.5-MO`).
+
+    Ego and neighbour embeddings are kept apart: r1 = [A1 r0 || A2 r0], r2 = [A1 r1 || A2 r1] with
+    the 1-hop and strict 2-hop operators A1, A2, and the classifier reads [r0 || r1 || r2]. Dense
+    layers have no bias, as in the official code.
+    """
+
+    def __init__(self, in_dim: int, hidden: int, num_classes: int, dropout: float) -> None:
+        super().__init__(in_dim, hidden, num_classes, dropout)
+        self.ego = nn.Linear(in_dim, hidden, bias=False)
+        self.classifier = nn.Linear(7 * hidden, num_classes, bias=False)
+
+    @staticmethod
+    def prepare(graph: Data) -> None:
+        if "hop1_adj" not in graph:
+            graph.hop1_adj, graph.hop2_adj = h2gcn_adjacencies(graph.edge_index, graph.num_nodes)
+
+    def representations(self, graph: Data) -> H2GCNRepresentations:
+        ego = F.relu(self.ego(graph.x))
+        hop1 = torch.sparse.mm(graph.hop1_adj, ego)
+        hop2 = torch.sparse.mm(graph.hop2_adj, ego)
+        r1 = torch.cat([hop1, hop2], dim=1)
+        r2 = torch.cat([torch.sparse.mm(graph.hop1_adj, r1), torch.sparse.mm(graph.hop2_adj, r1)], dim=1)
+        return H2GCNRepresentations(ego, hop1, hop2, torch.cat([ego, r1, r2], dim=1))
+
+    def embed(self, graph: Data) -> Tensor:
+        return self.representations(graph).combined
+
+    def forward(self, graph: Data) -> Tensor:
+        h = F.dropout(self.embed(graph), self.dropout, self.training)
+        return self.classifier(h)
+
+
+BACKBONES: dict[str, type[Backbone]] = {"gcn": GCN, "h2gcn": H2GCN}
+
+
+def backbone_class(name: str) -> type[Backbone]:
+    try:
+        return BACKBONES[name]
+    except KeyError:
+        raise UserError(f"unknown backbone {name!r}; choose from {', '.join(BACKBONES)}") from None

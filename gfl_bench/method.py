@@ -1,0 +1,183 @@
+"""The Method interface: a federated method is a Client, a Server and a Params dataclass.
+
+One communication round (the runner drives it, docs/architecture.md):
+
+    for stage in range(server.stages(round)):
+        downloads = server.configure(rnd, client_ids)      # server -> each client
+        uploads   = {cid: client.fit(rnd, downloads[cid])}  # local work, client -> server
+        server.aggregate(rnd, uploads)
+    evaluate client.predict() for every client              # the model right after local training
+
+Client and server share nothing but messages: dicts whose leaves are tensors. The runner deep-
+copies every message in both directions and counts its bytes, so no method can alias another
+party's state or send something unmetered. Methods with more than one exchange per round (FedSage+'s
+generator training, two-stage methods) return `stages > 1`; most use one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+
+from gfl_bench.backbones import Backbone
+from gfl_bench.errors import UserError
+
+Message = dict[str, Any]  # leaves: tensors; containers: dict, list, tuple
+
+
+@dataclass(frozen=True)
+class MethodParams:
+    """Hyperparameters every method has; a method extends this with its own fields.
+
+    Defaults follow the FED-PUB protocol (hidden 128, Adam lr 0.01, weight decay 1e-6, dropout 0.5)
+    and the paper's B.6 ("the same embedding dimension, optimizer settings, and learning rate").
+    """
+
+    backbone: str = "gcn"
+    hidden: int = 128
+    lr: float = 0.01
+    weight_decay: float = 1e-6
+    dropout: float = 0.5
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every party knows about the federation before it starts: public facts, no client data."""
+
+    num_features: int
+    num_classes: int
+    num_clients: int
+    rounds: int
+    local_epochs: int
+    device: torch.device
+    seed: int
+
+
+@dataclass(frozen=True)
+class Round:
+    index: int  # 0-based communication round
+    stage: int = 0  # exchange within the round, for methods with `stages > 1`
+
+
+class Client(ABC):
+    """One federation participant. It holds its private graph; only `fit`'s return value leaves it."""
+
+    def __init__(self, cid: int, graph: Data, model: Backbone, params: MethodParams, setup: Setup) -> None:
+        self.cid = cid
+        self.graph = graph
+        self.model = model
+        self.params = params
+        self.setup = setup
+
+    @abstractmethod
+    def fit(self, rnd: Round, message: Message) -> Message:
+        """Receive the server's message, do the local work, return what is uploaded."""
+
+    @torch.no_grad()
+    def predict(self) -> Tensor:
+        """Logits for every local node from the model this client would deploy now."""
+        self.model.eval()
+        return self.model(self.graph)
+
+
+class Server(ABC):
+    """The coordinator. It starts from the common initial model and sees only uploaded messages."""
+
+    def __init__(self, model: Backbone, params: MethodParams, setup: Setup) -> None:
+        self.model = model
+        self.params = params
+        self.setup = setup
+
+    def stages(self, rnd_index: int) -> int:
+        """How many configure/fit/aggregate exchanges round `rnd_index` has."""
+        return 1
+
+    @abstractmethod
+    def configure(self, rnd: Round, client_ids: list[int]) -> dict[int, Message]:
+        """The message each client receives at the start of this exchange."""
+
+    @abstractmethod
+    def aggregate(self, rnd: Round, uploads: Mapping[int, Message]) -> None:
+        """Update the server state from the clients' uploads."""
+
+
+class Method:
+    """Registration record: names, hyperparameters and the two parties of one method."""
+
+    name: ClassVar[str]  # CLI name
+    title: ClassVar[str]  # row name in the paper's tables
+    summary: ClassVar[str]  # one line: what is shared
+    Params: ClassVar[type[MethodParams]] = MethodParams
+    client: ClassVar[type[Client]]
+    server: ClassVar[type[Server]]
+
+
+METHODS: dict[str, type[Method]] = {}
+
+
+def register(method: type[Method]) -> type[Method]:
+    """Class decorator that makes a method available by its CLI name."""
+    if method.name in METHODS and METHODS[method.name] is not method:
+        raise ValueError(f"method name {method.name!r} registered twice")
+    METHODS[method.name] = method
+    return method
+
+
+def method_class(name: str) -> type[Method]:
+    import baselines  # noqa: F401  (registers the baselines)
+    import methods  # noqa: F401  (registers FedGMC and its variants)
+
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise UserError(f"unknown method {name!r}; choose from {', '.join(sorted(METHODS))}") from None
+
+
+def all_methods() -> dict[str, type[Method]]:
+    import baselines  # noqa: F401
+    import methods  # noqa: F401
+
+    return dict(METHODS)
+
+
+def resolve_params(method: type[Method], overrides: Mapping[str, str]) -> MethodParams:
+    """The method's defaults with `key=value` overrides applied, each value parsed by its field's type."""
+    fields = {f.name: f for f in dataclasses.fields(method.Params)}
+    defaults = method.Params()
+    values: dict[str, Any] = {}
+    for key, raw in overrides.items():
+        if key not in fields:
+            raise UserError(f"{method.name} has no parameter {key!r}; it has {', '.join(fields)}")
+        values[key] = _parse_value(method.name, key, raw, type(getattr(defaults, key)))
+    return dataclasses.replace(defaults, **values)
+
+
+def _parse_value(method: str, key: str, raw: str, kind: type) -> Any:
+    try:
+        if kind is bool:
+            if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(raw)
+            return raw.lower() in ("true", "1", "yes")
+        return kind(raw)
+    except ValueError:
+        raise UserError(f"{method}.{key} expects {kind.__name__}, got {raw!r}") from None
+
+
+def clone_message(message: Any) -> tuple[Any, int]:
+    """A deep copy of a message (tensors cloned, detached) and its size in bytes."""
+    if isinstance(message, Tensor):
+        return message.detach().clone(), message.numel() * message.element_size()
+    if isinstance(message, dict):
+        items = {k: clone_message(v) for k, v in message.items()}
+        return {k: v for k, (v, _) in items.items()}, sum(n for _, n in items.values())
+    if isinstance(message, (list, tuple)):
+        parts = [clone_message(v) for v in message]
+        return type(message)(v for v, _ in parts), sum(n for _, n in parts)
+    raise TypeError(f"messages carry tensors only, got {type(message).__name__}")

@@ -1,0 +1,231 @@
+"""The federated runner: one RunSpec in, one run record out.
+
+Protocol (docs/protocol.md): every client takes part in every round; per round the method's
+exchanges run, then each client's own model, right after its local training, is evaluated on its
+local validation and test nodes. The round's value is the plain mean over clients (the node-weighted
+mean is stored too); the reported test value is the one at the round with the best client-mean
+validation value. Seconds per round cover configure, local training and aggregation, with CUDA
+synchronised and evaluation excluded. All data and models stay on one device for the whole run.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+
+from gfl_bench.backbones import backbone_class
+from gfl_bench.datasets import dataset_spec, load_dataset
+from gfl_bench.method import Round, Setup, clone_message, method_class
+from gfl_bench.metrics import metric_fn
+from gfl_bench.partition import Partition, cached_partition, client_graphs
+from gfl_bench.provenance import provenance
+from gfl_bench.spec import RunSpec
+
+RoundCallback = Callable[[int, float, float], None]
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` picks CUDA when present; an explicit device that is not there is an error."""
+    from gfl_bench.errors import UserError
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("device cuda was asked for, but torch sees no CUDA device")
+    return device
+
+
+@dataclass
+class FederatedData:
+    """One dataset split over clients: the CPU graphs, and device copies prepared per backbone."""
+
+    dataset: str
+    metric: str
+    num_features: int
+    num_classes: int
+    partition: Partition
+    graphs: list[Data]
+    prepared: dict[tuple[str, str], list[Data]] = field(default_factory=dict)
+
+    def on_device(self, backbone: str, device: torch.device) -> list[Data]:
+        """Client graphs with the backbone's operators, on `device`; computed once, then shared.
+
+        Each run gets shallow copies, so a method may replace attributes of its graphs (a mended
+        or expanded graph) without touching other runs; tensors must not be changed in place.
+        """
+        key = (backbone, str(device))
+        if key not in self.prepared:
+            prepared = []
+            for graph in self.graphs:
+                g = copy.copy(graph)
+                backbone_class(backbone).prepare(g)
+                prepared.append(g.to(device))
+            self.prepared[key] = prepared
+        return [copy.copy(g) for g in self.prepared[key]]
+
+
+class DataCache:
+    """Loads each dataset and partition once per process: a grid reuses them across methods and seeds."""
+
+    def __init__(self, data_dir: Path | None, partition_dir: Path | None) -> None:
+        self.data_dir = data_dir
+        self.partition_dir = partition_dir
+        self._graphs: dict[str, Data] = {}
+        self._federated: dict[tuple[str, str, int, int], FederatedData] = {}
+
+    def graph(self, dataset: str) -> Data:
+        if dataset not in self._graphs:
+            self._graphs[dataset] = load_dataset(dataset, self.data_dir)
+        return self._graphs[dataset]
+
+    def federated(self, dataset: str, scheme: str, clients: int, data_seed: int) -> FederatedData:
+        key = (dataset, scheme, clients, data_seed)
+        if key not in self._federated:
+            spec = dataset_spec(dataset)
+            graph = self.graph(dataset)
+            partition = cached_partition(
+                graph, dataset, scheme, clients, data_seed, spec.split, self.partition_dir
+            )
+            self._federated[key] = FederatedData(
+                dataset=dataset,
+                metric=spec.metric,
+                num_features=graph.num_features,
+                num_classes=int(graph.y.max()) + 1,
+                partition=partition,
+                graphs=client_graphs(graph, partition),
+            )
+        return self._federated[key]
+
+
+def seed_everything(seed: int, device: torch.device) -> None:
+    """Same seed, same device, same numbers: seed every RNG and ask for deterministic kernels."""
+    if device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _nanmean(values: Tensor, weights: Tensor | None = None) -> Tensor:
+    valid = ~torch.isnan(values)
+    if weights is None:
+        weights = torch.ones_like(values)
+    w = weights * valid
+    return (torch.where(valid, values, 0.0) * w).sum() / w.sum()
+
+
+def run(spec: RunSpec, data: FederatedData, device: torch.device, on_round: RoundCallback | None = None) -> dict:
+    """Train `spec` on `data` and return its record (see gfl_bench/store.py for the fields)."""
+    method = method_class(spec.method)
+    started = time.time()
+    seed_everything(spec.seed, device)
+    graphs = data.on_device(spec.params.backbone, device)
+    setup = Setup(
+        num_features=data.num_features,
+        num_classes=data.num_classes,
+        num_clients=len(graphs),
+        rounds=spec.rounds,
+        local_epochs=spec.local_epochs,
+        device=device,
+        seed=spec.seed,
+    )
+    template = backbone_class(spec.params.backbone)(
+        data.num_features, spec.params.hidden, data.num_classes, spec.params.dropout
+    ).to(device)
+    server = method.server(copy.deepcopy(template), spec.params, setup)
+    clients = [method.client(cid, g, copy.deepcopy(template), spec.params, setup) for cid, g in enumerate(graphs)]
+    client_ids = list(range(len(clients)))
+    metric = metric_fn(data.metric)
+    val_counts = torch.tensor([float(g.val_mask.sum()) for g in graphs], device=device)
+    test_counts = torch.tensor([float(g.test_mask.sum()) for g in graphs], device=device)
+
+    curves: dict[str, list[float]] = {k: [] for k in ("val", "test", "val_weighted", "test_weighted")}
+    seconds: list[float] = []
+    bytes_up: list[int] = []
+    bytes_down: list[int] = []
+    for index in range(spec.rounds):
+        _sync(device)
+        tic = time.perf_counter()
+        up = down = 0
+        for stage in range(server.stages(index)):
+            rnd = Round(index, stage)
+            downloads = server.configure(rnd, client_ids)
+            uploads = {}
+            for cid, client in enumerate(clients):
+                message, size = clone_message(downloads[cid])
+                down += size
+                uploads[cid], size = clone_message(client.fit(rnd, message))
+                up += size
+            server.aggregate(rnd, uploads)
+        _sync(device)
+        seconds.append(time.perf_counter() - tic)
+        bytes_up.append(up)
+        bytes_down.append(down)
+
+        val, test = _evaluate(clients, metric)
+        summary = torch.stack(
+            [_nanmean(val), _nanmean(test), _nanmean(val, val_counts), _nanmean(test, test_counts)]
+        ).tolist()  # the one host sync per round
+        for key, value in zip(curves, summary):
+            curves[key].append(value)
+        if on_round is not None:
+            on_round(index, summary[0], summary[1])
+
+    val_curve = np.array(curves["val"], dtype=float)
+    best = int(np.nanargmax(val_curve)) if not np.isnan(val_curve).all() else 0
+    return {
+        "run_key": spec.run_key,
+        "config_key": spec.config_key,
+        "method": spec.method,
+        "dataset": spec.dataset,
+        "scheme": spec.scheme,
+        "clients": spec.clients,
+        "data_seed": spec.data_seed,
+        "seed": spec.seed,
+        "config": spec.config(),
+        "metric": data.metric,
+        "best_round": best,
+        "val": curves["val"][best],
+        "test": curves["test"][best],
+        "val_weighted": curves["val_weighted"][best],
+        "test_weighted": curves["test_weighted"][best],
+        "curves": curves,
+        "seconds_per_round": seconds,
+        "bytes_up": bytes_up,
+        "bytes_down": bytes_down,
+        "partition_hash": data.partition.digest(),
+        "started_at": started,
+        "finished_at": time.time(),
+        **provenance(device),
+    }
+
+
+def _evaluate(clients: list, metric: Callable[[Tensor, Tensor], Tensor]) -> tuple[Tensor, Tensor]:
+    """Per-client validation and test metric of each client's deployable model."""
+    val, test = [], []
+    for client in clients:
+        logits = client.predict()
+        g = client.graph
+        val.append(metric(logits[g.val_mask], g.y[g.val_mask]))
+        test.append(metric(logits[g.test_mask], g.y[g.test_mask]))
+    return torch.stack(val), torch.stack(test)

@@ -1,0 +1,112 @@
+"""RunSpec: everything that determines one run's numbers, and the keys derived from it.
+
+The run key is a hash of the method, its fully resolved hyperparameters, the schedule, the data
+seed, the dataset, the partition and the run seed. Equal keys mean "the same experiment", so the store
+skips a run whose key it holds and `gflbench table` finds exactly the runs that `gflbench run` with
+the same options produces. PROTOCOL_VERSION enters every key: bump it when a change to the harness
+changes numbers, and old records stop matching instead of being mixed in silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gfl_bench.backbones import backbone_class
+from gfl_bench.datasets import dataset_spec
+from gfl_bench.errors import UserError
+from gfl_bench.method import MethodParams, method_class, resolve_params
+from gfl_bench.partition import DEFAULT_DATA_SEED, check_clients
+
+PROTOCOL_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    method: str
+    params: MethodParams
+    dataset: str
+    scheme: str
+    clients: int
+    seed: int
+    rounds: int
+    local_epochs: int
+    data_seed: int = DEFAULT_DATA_SEED
+
+    def config(self) -> dict[str, Any]:
+        """The resolved configuration shared by every seed and partition of this method on this dataset."""
+        return {
+            "method": self.method,
+            "params": dataclasses.asdict(self.params),
+            "rounds": self.rounds,
+            "local_epochs": self.local_epochs,
+            "data_seed": self.data_seed,
+            "protocol": PROTOCOL_VERSION,
+        }
+
+    @property
+    def config_key(self) -> str:
+        return _digest(self.config())
+
+    @property
+    def run_key(self) -> str:
+        where = {"dataset": self.dataset, "scheme": self.scheme, "clients": self.clients, "seed": self.seed}
+        return _digest({"config": self.config_key, **where})
+
+
+def _digest(payload: Mapping[str, Any]) -> str:
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def make_spec(
+    method: str,
+    dataset: str,
+    scheme: str,
+    clients: int,
+    seed: int,
+    overrides: Mapping[str, str] | None = None,
+    rounds: int | None = None,
+    local_epochs: int | None = None,
+    data_seed: int = DEFAULT_DATA_SEED,
+) -> RunSpec:
+    """Resolve names and defaults into a RunSpec; every bad input raises UserError here, before any work."""
+    method_cls = method_class(method)
+    data = dataset_spec(dataset)
+    check_clients(scheme, clients)
+    params = resolve_params(method_cls, overrides or {})
+    backbone_class(params.backbone)
+    for name, value in (("rounds", rounds), ("local epochs", local_epochs)):
+        if value is not None and value < 1:
+            raise UserError(f"{name} must be at least 1, got {value}")
+    return RunSpec(
+        method=method,
+        params=params,
+        dataset=dataset,
+        scheme=scheme,
+        clients=clients,
+        seed=seed,
+        rounds=rounds or data.rounds,
+        local_epochs=local_epochs or data.local_epochs,
+        data_seed=data_seed,
+    )
+
+
+def parse_overrides(items: list[str], methods: list[str]) -> dict[str, dict[str, str]]:
+    """`--set method.key=value` (or `key=value` for every chosen method) into per-method dicts."""
+    result: dict[str, dict[str, str]] = {m: {} for m in methods}
+    for item in items:
+        target, sep, value = item.partition("=")
+        if not sep or not target:
+            raise UserError(f"--set expects method.key=value or key=value, got {item!r}")
+        name, dot, key = target.rpartition(".")
+        chosen = [name] if dot else methods
+        if dot and name not in result:
+            raise UserError(f"--set {item!r} names method {name!r}, which is not among {', '.join(methods)}")
+        for m in chosen:
+            result[m][key] = value
+    return result

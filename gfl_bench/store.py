@@ -1,0 +1,122 @@
+"""The run store: one SQLite file, one row per finished run, keyed by the run key.
+
+Why SQLite: it is embedded (no server), every insert is an atomic, durable transaction (a crash or
+Ctrl-C leaves either the whole record or nothing), the primary key makes a duplicate impossible, and
+pandas reads it for the tables. The full record (curves, config, provenance) is kept as JSON next to
+the columns that tables filter on.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable
+from pathlib import Path
+
+import pandas as pd
+
+from gfl_bench.errors import UserError
+
+RESULTS_ENV = "GFLBENCH_RESULTS"
+DEFAULT_STORE = Path("results") / "runs.sqlite"
+
+_COLUMNS = (
+    "run_key", "config_key", "method", "dataset", "scheme", "clients", "data_seed", "seed",
+    "metric", "status", "best_round", "val", "test", "val_weighted", "test_weighted",
+    "seconds_per_round", "finished_at",
+)  # fmt: skip
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_key TEXT PRIMARY KEY,
+    config_key TEXT NOT NULL,
+    method TEXT NOT NULL,
+    dataset TEXT NOT NULL,
+    scheme TEXT NOT NULL,
+    clients INTEGER NOT NULL,
+    data_seed INTEGER NOT NULL,
+    seed INTEGER NOT NULL,
+    metric TEXT NOT NULL,
+    status TEXT NOT NULL,
+    best_round INTEGER,
+    val REAL,
+    test REAL,
+    val_weighted REAL,
+    test_weighted REAL,
+    seconds_per_round REAL,
+    finished_at REAL NOT NULL,
+    record TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_cell ON runs (method, dataset, scheme, clients, config_key);
+"""
+
+
+class RunStore:
+    """Finished runs on disk. Reads never block a writer; a write is all or nothing."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, timeout=60)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+        except (OSError, sqlite3.DatabaseError) as error:
+            raise UserError(f"cannot open the run store {self.path}: {error}") from None
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> RunStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __contains__(self, run_key: str) -> bool:
+        return self._db.execute("SELECT 1 FROM runs WHERE run_key = ?", (run_key,)).fetchone() is not None
+
+    def __len__(self) -> int:
+        return self._db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+
+    def put(self, record: dict, replace: bool = False) -> None:
+        """Store a finished run; an existing key is kept unless `replace` (then swapped atomically)."""
+        row = {
+            **{c: record.get(c) for c in _COLUMNS},
+            "status": record.get("status", "ok"),
+            "seconds_per_round": _mean(record.get("seconds_per_round", [])),
+            "record": json.dumps(record, sort_keys=True),
+        }
+        verb = "INSERT OR REPLACE" if replace else "INSERT OR IGNORE"
+        names = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        with self._db:  # one transaction: committed whole, or rolled back
+            self._db.execute(f"{verb} INTO runs ({names}) VALUES ({marks})", tuple(row.values()))
+
+    def record(self, run_key: str) -> dict:
+        row = self._db.execute("SELECT record FROM runs WHERE run_key = ?", (run_key,)).fetchone()
+        if row is None:
+            raise KeyError(run_key)
+        return json.loads(row[0])
+
+    def records(self, run_keys: Iterable[str] | None = None) -> list[dict]:
+        """Full records, all of them or those with the given keys."""
+        if run_keys is None:
+            rows = self._db.execute("SELECT record FROM runs ORDER BY finished_at").fetchall()
+        else:
+            keys = list(run_keys)
+            rows = []
+            for start in range(0, len(keys), 500):
+                chunk = keys[start : start + 500]
+                marks = ", ".join("?" for _ in chunk)
+                rows += self._db.execute(f"SELECT record FROM runs WHERE run_key IN ({marks})", chunk).fetchall()
+        return [json.loads(r[0]) for r in rows]
+
+    def frame(self) -> pd.DataFrame:
+        """The summary columns of every stored run, one row each."""
+        return pd.read_sql_query(f"SELECT {', '.join(_COLUMNS)} FROM runs", self._db)
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None

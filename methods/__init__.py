@@ -1,0 +1,1 @@
+"""The benchmark's own method(s); importing this package registers them."""
