@@ -107,6 +107,14 @@ class Server(ABC):
     def aggregate(self, rnd: Round, uploads: Mapping[int, Message]) -> None:
         """Update the server state from the clients' uploads."""
 
+    def diagnostics(self) -> dict[str, float]:
+        """Scalars recorded per round in the run record (e.g. FedGMC's anchor equiangularity)."""
+        return {}
+
+    def snapshot(self) -> dict[str, Any]:
+        """Server state worth saving at chosen rounds for case studies (`--snapshot-rounds`)."""
+        return {}
+
 
 class Method:
     """Registration record: names, hyperparameters and the two parties of one method."""

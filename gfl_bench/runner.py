@@ -134,8 +134,19 @@ def _nanmean(values: Tensor, weights: Tensor | None = None) -> Tensor:
     return (torch.where(valid, values, 0.0) * w).sum() / w.sum()
 
 
-def run(spec: RunSpec, data: FederatedData, device: torch.device, on_round: RoundCallback | None = None) -> dict:
-    """Train `spec` on `data` and return its record (see gfl_bench/store.py for the fields)."""
+def run(
+    spec: RunSpec,
+    data: FederatedData,
+    device: torch.device,
+    on_round: RoundCallback | None = None,
+    snapshot_rounds: frozenset[int] = frozenset(),
+    snapshot_dir: Path | None = None,
+) -> dict:
+    """Train `spec` on `data` and return its record (see gfl_bench/store.py for the fields).
+
+    At each round in `snapshot_rounds` the server's `snapshot()` is saved to
+    `snapshot_dir/<run_key>/round<r>.pt` for case-study figures.
+    """
     method = method_class(spec.method)
     started = time.time()
     seed_everything(spec.seed, device)
@@ -163,6 +174,7 @@ def run(spec: RunSpec, data: FederatedData, device: torch.device, on_round: Roun
     seconds: list[float] = []
     bytes_up: list[int] = []
     bytes_down: list[int] = []
+    diagnostics: dict[str, list[float]] = {}
     for index in range(spec.rounds):
         _sync(device)
         tic = time.perf_counter()
@@ -181,6 +193,10 @@ def run(spec: RunSpec, data: FederatedData, device: torch.device, on_round: Roun
         seconds.append(time.perf_counter() - tic)
         bytes_up.append(up)
         bytes_down.append(down)
+        for name, value in server.diagnostics().items():
+            diagnostics.setdefault(name, []).append(float(value))
+        if index in snapshot_rounds and snapshot_dir is not None:
+            _save_snapshot(server.snapshot(), Path(snapshot_dir) / spec.run_key / f"round{index}.pt")
 
         val, test = _evaluate(clients, metric)
         summary = torch.stack(
@@ -213,11 +229,19 @@ def run(spec: RunSpec, data: FederatedData, device: torch.device, on_round: Roun
         "seconds_per_round": seconds,
         "bytes_up": bytes_up,
         "bytes_down": bytes_down,
+        "diagnostics": diagnostics,
         "partition_hash": data.partition.digest(),
         "started_at": started,
         "finished_at": time.time(),
         **provenance(device),
     }
+
+
+def _save_snapshot(state: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    torch.save(state, partial)
+    os.replace(partial, path)
 
 
 def _evaluate(clients: list, metric: Callable[[Tensor, Tensor], Tensor]) -> tuple[Tensor, Tensor]:
