@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -193,9 +194,29 @@ def _load_ogb(spec: DatasetSpec, data_dir: Path) -> Data:
 
     folder = data_dir / spec.folder
     if folder.is_dir() and not (folder / "RELEASE_v1.txt").exists():
-        # Without the release marker OGB asks on stdin whether to delete the folder.
-        raise UserError(f"{folder} exists but has no RELEASE_v1.txt; remove the folder or complete it")
-    return PygNodePropPredDataset(spec.name, root=str(data_dir))[0]
+        # Without the release marker OGB asks on stdin whether to delete the folder. A failed download
+        # leaves only empty folders behind: drop those, so a retry reports the missing files again.
+        if any(p.is_file() for p in folder.rglob("*")):
+            raise UserError(f"{folder} exists but has no RELEASE_v1.txt; remove the folder or complete it")
+        shutil.rmtree(folder)
+    with _ogb_processed_globals():
+        return PygNodePropPredDataset(spec.name, root=str(data_dir))[0]
+
+
+def _ogb_processed_globals() -> AbstractContextManager:
+    """Allow the three PyG classes inside OGB's processed file, so torch>=2.6 can load it.
+
+    OGB saves `InMemoryDataset.collate(...)` (a `Data` object) and reads it back with a bare
+    `torch.load`, which now defaults to `weights_only=True`; PyG allowlists `Data` but not its storage
+    and attribute classes. Naming just those (for this call only) keeps the weights-only protection
+    instead of loading the file with `weights_only=False`. Before torch 2.5 there is nothing to allow.
+    """
+    if not hasattr(torch.serialization, "safe_globals"):
+        return nullcontext()
+    from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
+    from torch_geometric.data.storage import GlobalStorage
+
+    return torch.serialization.safe_globals([GlobalStorage, DataEdgeAttr, DataTensorAttr])
 
 
 _LOADERS: dict[str, Callable[[DatasetSpec, Path], Data]] = {

@@ -1,0 +1,373 @@
+"""The `gflbench` command line: run, table, datasets, partitions, methods.
+
+Every command validates its whole input before doing any work: a bad name or count prints one
+line on stderr and exits with 2, and nothing is stored. A grid stores each run the moment it
+finishes, so Ctrl-C or a crash loses at most the run in progress; rerunning skips stored runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gfl_bench.datasets import DATA_DIR_ENV, DATASETS, dataset_spec, default_data_dir, is_available
+from gfl_bench.errors import UserError
+from gfl_bench.method import all_methods
+from gfl_bench.partition import DEFAULT_DATA_SEED, SCHEMES, check_clients
+from gfl_bench.spec import RunSpec, make_spec, parse_overrides
+from gfl_bench.store import DEFAULT_STORE, RESULTS_ENV, RunStore
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="gflbench: subgraph federated learning benchmark (FedGMC and baselines).",
+)
+console = Console()
+err_console = Console(stderr=True)
+
+FORMATS = ("terminal", "markdown", "latex", "csv")
+
+DataDirOption = Annotated[
+    Optional[Path], typer.Option("--data-dir", envvar=DATA_DIR_ENV, help="Writable dataset folder.")
+]
+StoreOption = Annotated[
+    Path, typer.Option("--store", envvar=RESULTS_ENV, help="Run store (SQLite file).")
+]
+SetOption = Annotated[
+    Optional[list[str]],
+    typer.Option("--set", help="Hyperparameter override method.key=value (or key=value for all); repeatable."),
+]
+RoundsOption = Annotated[Optional[int], typer.Option("--rounds", help="Override the dataset's round count.")]
+EpochsOption = Annotated[
+    Optional[int], typer.Option("--local-epochs", help="Override the dataset's local epochs per round.")
+]
+
+
+def friendly(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn UserError into one line and exit 2, Ctrl-C into exit 130, anything else into one line and 1."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except UserError as error:
+            err_console.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            err_console.print("interrupted; every finished run is stored, rerun the same command to resume")
+            raise typer.Exit(130) from None
+        except typer.Exit:
+            raise
+        except Exception as error:  # a bug or a failed library call: say what, not a traceback
+            if os.environ.get("GFLBENCH_DEBUG"):
+                traceback.print_exc()
+            err_console.print(
+                f"error: {type(error).__name__}: {error} (set GFLBENCH_DEBUG=1 for the traceback)",
+                markup=False, highlight=False, soft_wrap=True,
+            )
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def split_list(text: str, what: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise UserError(f"no {what} given")
+    return list(dict.fromkeys(items))
+
+
+def parse_ints(text: str, what: str) -> list[int]:
+    try:
+        return [int(t) for t in split_list(text, what)]
+    except ValueError:
+        raise UserError(f"{what} must be comma-separated integers, got {text!r}") from None
+
+
+@app.command()
+@friendly
+def run(
+    method: Annotated[str, typer.Option("--method", "-m", help="Method name(s), comma-separated.")],
+    dataset: Annotated[str, typer.Option("--dataset", "-d", help="Dataset name(s), comma-separated.")],
+    partition: Annotated[str, typer.Option("--partition", "--scheme", help="metis or overlap.")] = "metis",
+    clients: Annotated[
+        Optional[str], typer.Option(help="Client counts, comma-separated; default the paper's for the scheme.")
+    ] = None,
+    seeds: Annotated[int, typer.Option(help="Run seeds 0..N-1.")] = 10,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    set_: SetOption = None,
+    rounds: RoundsOption = None,
+    local_epochs: EpochsOption = None,
+    data_seed: Annotated[int, typer.Option(help="Seed of the split and partition.")] = DEFAULT_DATA_SEED,
+    data_dir: DataDirOption = None,
+    store: StoreOption = DEFAULT_STORE,
+    force: Annotated[bool, typer.Option(help="Recompute runs that are already stored.")] = False,
+    snapshot_rounds: Annotated[
+        str, typer.Option(help="Rounds at which to save the server's snapshot (e.g. FedGMC manifolds).")
+    ] = "",
+    snapshot_dir: Annotated[Path, typer.Option(help="Folder for snapshots.")] = Path("results") / "snapshots",
+) -> None:
+    """Train methods on datasets over the paper's partitions and seeds; store every finished run."""
+    from gfl_bench.runner import DataCache, resolve_device
+    from gfl_bench.runner import run as run_one
+
+    methods = split_list(method, "methods")
+    datasets = split_list(dataset, "datasets")
+    counts = parse_ints(clients, "client counts") if clients else list(SCHEMES.get(partition, ()))
+    if seeds < 1:
+        raise UserError(f"--seeds must be at least 1, got {seeds}")
+    overrides = parse_overrides(set_ or [], methods)
+    snapshots = frozenset(parse_ints(snapshot_rounds, "snapshot rounds")) if snapshot_rounds else frozenset()
+    for m in counts:
+        check_clients(partition, m)
+    specs = [
+        make_spec(meth, ds, partition, m, seed, overrides[meth], rounds, local_epochs, data_seed)
+        for ds in datasets for m in counts for meth in methods for seed in range(seeds)
+    ]  # fmt: skip
+    dev = resolve_device(device)
+    cache = DataCache(data_dir or default_data_dir(), (data_dir or default_data_dir()) / "partitions")
+    for ds in datasets:  # load and partition everything first: a missing dataset fails before any run
+        for m in counts:
+            cache.federated(ds, partition, m, data_seed)
+
+    with RunStore(store) as runs:
+        todo = [s for s in specs if force or s.run_key not in runs]
+        console.print(
+            f"{len(specs)} runs asked, {len(specs) - len(todo)} already stored, {len(todo)} to run on {dev}"
+        )
+        with _progress() as progress:
+            overall = progress.add_task("runs", total=len(todo), status="")
+            for spec in todo:
+                label = f"{spec.method} {spec.dataset} {spec.scheme}-{spec.clients} seed {spec.seed}"
+                rounds_task = progress.add_task(label, total=spec.rounds, status="")
+
+                def on_round(index: int, val: float, test: float, task: int = rounds_task) -> None:
+                    progress.update(task, advance=1, status=f"val {val * 100:.2f} test {test * 100:.2f}")
+
+                data = cache.federated(spec.dataset, spec.scheme, spec.clients, spec.data_seed)
+                record = run_one(spec, data, dev, on_round, snapshots, snapshot_dir)
+                runs.put(record, replace=force)
+                progress.remove_task(rounds_task)
+                progress.update(overall, advance=1, status=f"last: {label} test {record['test'] * 100:.2f}")
+        _print_summary(runs, specs)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
+        console=console,
+        transient=False,
+    )
+
+
+def _print_summary(runs: RunStore, specs: list[RunSpec]) -> None:
+    """Mean±std over the seeds of this command's grid, from the store."""
+    import pandas as pd
+
+    frame = runs.frame()
+    keys = {s.run_key for s in specs}
+    mine = frame[frame["run_key"].isin(keys) & (frame["status"] == "ok")]
+    if mine.empty:
+        return
+    grouped = mine.groupby(["method", "dataset", "scheme", "clients"])["test"]
+    summary = pd.DataFrame({"mean": grouped.mean() * 100, "std": grouped.std(ddof=0) * 100, "n": grouped.size()})
+    table = Table("method", "dataset", "partition", "clients", "test (mean±std)", "seeds", title="This grid")
+    for (meth, ds, scheme, m), row in summary.iterrows():
+        table.add_row(meth, ds, scheme, str(m), f"{row['mean']:.2f}±{row['std']:.2f}", str(int(row["n"])))
+    console.print(table)
+
+
+@app.command()
+@friendly
+def table(
+    number: Annotated[
+        Optional[int], typer.Argument(help="Paper table 1, 2, 4 or 5; default every one that has runs.")
+    ] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="terminal, markdown, latex or csv.")] = "terminal",
+    out: Annotated[Optional[Path], typer.Option(help="Write to this file instead of the terminal.")] = None,
+    method: Annotated[Optional[str], typer.Option("--method", "-m", help="Rows; default every stored method.")] = None,
+    dataset: Annotated[
+        Optional[str], typer.Option("--dataset", "-d", help="A custom table of these datasets instead of the paper's.")
+    ] = None,
+    partition: Annotated[str, typer.Option("--partition", "--scheme", help="Scheme of a custom table.")] = "metis",
+    seeds: Annotated[int, typer.Option(help="Seeds a full cell has; fewer are marked (n=k).")] = 10,
+    set_: SetOption = None,
+    rounds: RoundsOption = None,
+    local_epochs: EpochsOption = None,
+    store: StoreOption = DEFAULT_STORE,
+) -> None:
+    """Render mean±std tables in the paper's layout from the run store."""
+    from gfl_bench import tables
+
+    if fmt not in FORMATS:
+        raise UserError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+    registered = all_methods()
+    if dataset is not None:
+        if number is not None:
+            raise UserError("give a paper table number or --dataset for a custom table, not both")
+        chosen = split_list(dataset, "datasets")
+        for d in chosen:
+            dataset_spec(d)
+        check_clients(partition, SCHEMES.get(partition, (1,))[0])
+        layouts = [tables.TableLayout(0, f"{', '.join(chosen)}, {partition} partitioning.", tuple(chosen), partition, False)]
+    else:
+        layouts = [tables.table_layout(number)] if number is not None else list(tables.TABLES.values())
+    if not Path(store).exists():
+        raise UserError(f"no run store at {store}; run `gflbench run` first or pass --store")
+    with RunStore(store) as runs:
+        frame = runs.frame()
+    stored = [m for m in frame["method"].unique() if m in registered]
+    methods = split_list(method, "methods") if method else stored
+    for m in methods:
+        if m not in registered:
+            raise UserError(f"unknown method {m!r}; choose from {', '.join(sorted(registered))}")
+    methods = tables.method_order(methods)
+    overrides = parse_overrides(set_ or [], methods)
+    titles = {m: registered[m].title for m in methods}
+    rendered = []
+    for layout in layouts:
+        clients = SCHEMES[layout.scheme]
+        cells = tables.collect_cells(frame, methods, layout.datasets, layout.scheme, clients, overrides, rounds, local_epochs)
+        if number is None and dataset is None and not cells:
+            continue
+        text, values = tables.build_frame(cells, methods, layout.datasets, clients, seeds, layout.per_clients_avg, titles)
+        caption = f"Table {layout.number}: {layout.caption}" if layout.number else layout.caption
+        rendered.append(_render(text, values, caption, fmt, len(clients)))
+    if not rendered:
+        hint = " (pass the same --set/--rounds/--local-epochs as to `gflbench run`)" if len(frame) else ""
+        raise UserError(f"no stored runs match the tables' cells{hint}")
+    output = "\n".join(r for r in rendered if isinstance(r, str))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(output if fmt != "terminal" else "\n".join(_plain(r) for r in rendered))
+        console.print(f"wrote {out}")
+    elif fmt == "terminal":
+        for r in rendered:
+            console.print(r)
+    else:
+        sys.stdout.write(output)
+
+
+def _render(text, values, caption: str, fmt: str, per_dataset: int):
+    """One table in one format; terminal and Markdown split it into blocks of three datasets, as the paper does."""
+    from gfl_bench import tables
+
+    if fmt == "csv":
+        return f"# {caption}\n" + tables.to_csv(text)
+    if fmt == "latex":
+        return tables.to_latex(text, values, caption)
+    blocks = []
+    data_columns = [c for c in text.columns if c[0] != "Avg."]
+    avg_columns = [c for c in text.columns if c[0] == "Avg."]
+    step = 3 * per_dataset
+    for start in range(0, len(data_columns), step):
+        columns = data_columns[start : start + step]
+        if start + step >= len(data_columns):
+            columns += avg_columns
+        blocks.append(text[columns])
+    if fmt == "markdown":
+        return "\n".join(tables.to_markdown(b, caption if i == 0 else caption + " (continued)") for i, b in enumerate(blocks))
+    group = Table.grid()
+    for i, block in enumerate(blocks):
+        t = Table(title=caption if i == 0 else None, show_lines=False)
+        t.add_column("Methods")
+        for d, c in block.columns:
+            t.add_column(f"{d}\n{c}", justify="right")
+        for name, row in block.iterrows():
+            t.add_row(name, *row.tolist())
+        group.add_row(t)
+    return group
+
+
+def _plain(renderable) -> str:
+    if isinstance(renderable, str):
+        return renderable
+    capture = Console(width=200, record=True, file=open(os.devnull, "w"))
+    capture.print(renderable)
+    return capture.export_text()
+
+
+@app.command()
+@friendly
+def datasets(data_dir: DataDirOption = None) -> None:
+    """The paper's Table 3 computed from the loaded data; datasets not present locally are marked."""
+    from gfl_bench.datasets import load_dataset
+
+    root = data_dir or default_data_dir()
+    t = Table("Dataset", "# Nodes", "# Edges", "# Classes", "# Features", "Metric", "Status",
+              title="Table 3 (largest connected component, undirected edges)")  # fmt: skip
+    for name, spec in DATASETS.items():
+        if not is_available(name, root):
+            t.add_row(spec.title, "", "", "", "", spec.metric, "not present locally")
+            continue
+        graph = load_dataset(name, root)
+        t.add_row(
+            spec.title, f"{graph.num_nodes:,}", f"{graph.num_edges // 2:,}", str(int(graph.y.max()) + 1),
+            str(graph.num_features), spec.metric, "synthetic" if name == "tiny" else "loaded",
+        )  # fmt: skip
+    console.print(t)
+
+
+@app.command()
+@friendly
+def partitions(
+    dataset: Annotated[str, typer.Option("--dataset", "-d")],
+    scheme: Annotated[str, typer.Option("--scheme", "--partition", help="metis or overlap.")] = "metis",
+    clients: Annotated[int, typer.Option(help="Number of clients.")] = 10,
+    data_seed: Annotated[int, typer.Option(help="Seed of the split and partition.")] = DEFAULT_DATA_SEED,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Per-client nodes, edges, train/val/test counts and label distribution of one partition."""
+    import torch
+
+    from gfl_bench.runner import DataCache
+
+    dataset_spec(dataset)
+    check_clients(scheme, clients)
+    root = data_dir or default_data_dir()
+    data = DataCache(root, root / "partitions").federated(dataset, scheme, clients, data_seed)
+    t = Table("client", "nodes", "edges", "train", "val", "test", "labels (count per class)",
+              title=f"{dataset} {scheme} {clients} clients, data seed {data_seed}, hash {data.partition.digest()}")  # fmt: skip
+    for cid, g in enumerate(data.graphs):
+        counts = torch.bincount(g.y, minlength=data.num_classes).tolist()
+        t.add_row(
+            str(cid), str(g.num_nodes), str(g.num_edges // 2), str(int(g.train_mask.sum())),
+            str(int(g.val_mask.sum())), str(int(g.test_mask.sum())), " ".join(map(str, counts)),
+        )  # fmt: skip
+    console.print(t)
+
+
+@app.command()
+@friendly
+def methods() -> None:
+    """The registered methods with their backbone and default hyperparameters."""
+    from gfl_bench import tables
+
+    registered = all_methods()
+    t = Table("name", "paper row", "backbone", "shares", "defaults", title="Methods")
+    for name in tables.method_order(list(registered)):
+        cls = registered[name]
+        defaults = dataclasses.asdict(cls.Params())
+        backbone = defaults.pop("backbone")
+        t.add_row(name, cls.title, backbone, cls.summary, " ".join(f"{k}={v}" for k, v in defaults.items()))
+    console.print(t)
+
+
+if __name__ == "__main__":
+    app()
