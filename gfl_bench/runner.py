@@ -207,8 +207,7 @@ def run(
         if on_round is not None:
             on_round(index, summary[0], summary[1])
 
-    val_curve = np.array(curves["val"], dtype=float)
-    best = int(np.nanargmax(val_curve)) if not np.isnan(val_curve).all() else 0
+    best = best_round(curves["val"])
     return {
         "run_key": spec.run_key,
         "config_key": spec.config_key,
@@ -235,6 +234,12 @@ def run(
         "finished_at": time.time(),
         **provenance(device),
     }
+
+
+def best_round(val_curve: list[float]) -> int:
+    """The first round with the highest client-mean validation value (NaN rounds never win)."""
+    values = np.array(val_curve, dtype=float)
+    return 0 if np.isnan(values).all() else int(np.nanargmax(values))
 
 
 def _save_snapshot(state: dict, path: Path) -> None:

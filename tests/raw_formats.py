@@ -9,6 +9,7 @@ Edges are written in one direction only, so the loaders' undirected step shows t
 from __future__ import annotations
 
 import gzip
+import os
 import pickle
 from collections import defaultdict
 from collections.abc import Callable
@@ -17,6 +18,14 @@ from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def real_mirror() -> Path:
+    """The folder of real raw files: GFLBENCH_RAW_MIRROR (CI sets ../shared/data), else ../shared/data."""
+    return Path(os.environ.get("GFLBENCH_RAW_MIRROR") or REPO.parent / "shared" / "data").expanduser().resolve()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,17 @@
+"""Shared fixtures: the synthetic `tiny` federation and the CPU device."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gfl_bench.runner import DataCache, FederatedData
+
+@pytest.fixture(scope="session")
+def tiny_federation() -> FederatedData:
+    return DataCache(None, None).federated("tiny", "metis", 5, 1234)
+
+
+@pytest.fixture
+def cpu() -> torch.device:
+    return torch.device("cpu")

@@ -1,0 +1,43 @@
+"""Aggregation is the weighted mean, exactly; messages are copies, and their bytes are counted."""
+
+from __future__ import annotations
+
+import torch
+
+from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
+from gfl_bench.backbones import GCN
+from gfl_bench.method import clone_message
+
+
+def test_weighted_mean_equals_formula():
+    gen = torch.Generator().manual_seed(0)
+    states = [{"w": torch.randn(3, 4, dtype=torch.float64, generator=gen), "b": torch.randn(4, dtype=torch.float64, generator=gen)} for _ in range(5)]
+    weights = torch.tensor([3.0, 1.0, 0.0, 7.0, 2.0])
+    mean = weighted_mean(states, weights)
+    for key in ("w", "b"):
+        expected = sum(w.item() * s[key] for w, s in zip(weights, states)) / weights.sum().item()
+        torch.testing.assert_close(mean[key], expected, rtol=0, atol=1e-12)
+
+
+def test_uniform_weights_give_plain_mean():
+    states = [{"w": torch.full((2,), float(i))} for i in range(4)]
+    assert torch.equal(weighted_mean(states, torch.ones(4))["w"], torch.full((2,), 1.5))
+
+
+def test_model_state_excludes_head_and_loads_in_place():
+    model = GCN(5, 8, 3, 0.5)
+    shared = model_state(model, exclude_prefix=model.head)
+    assert shared and not any(k.startswith("classifier.") for k in shared)
+    param = model.conv1.lin.weight
+    load_model_state(model, {k: torch.zeros_like(v) for k, v in shared.items()})
+    assert model.conv1.lin.weight is param and torch.count_nonzero(param) == 0
+    assert torch.count_nonzero(model.classifier.weight) > 0
+
+
+def test_clone_message_copies_and_counts_bytes():
+    t = torch.ones(10, dtype=torch.float32)
+    msg = {"a": t, "nested": [torch.zeros(3, dtype=torch.int64), {"b": torch.ones(2, 2)}]}
+    copy, size = clone_message(msg)
+    assert size == 10 * 4 + 3 * 8 + 4 * 4
+    copy["a"][0] = 5
+    assert t[0] == 1  # never aliased

@@ -1,0 +1,65 @@
+"""Protocol rules of the runner: best-round selection, metric choice, record contents."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from sklearn.metrics import roc_auc_score
+
+from gfl_bench.datasets import DATASETS
+from gfl_bench.metrics import accuracy, roc_auc
+from gfl_bench.runner import best_round, resolve_device, run
+from gfl_bench.errors import UserError
+from gfl_bench.spec import make_spec
+
+
+def test_best_round_is_first_maximum_of_validation():
+    assert best_round([0.5, 0.7, 0.7, 0.6]) == 1
+    assert best_round([math.nan, 0.2, 0.9, math.nan]) == 2
+    assert best_round([math.nan, math.nan]) == 0
+
+
+def test_record_reports_test_at_best_validation_round(tiny_federation, cpu):
+    spec = make_spec("fedavg", "tiny", "metis", 5, 0, rounds=8)
+    record = run(spec, tiny_federation, cpu)
+    best = record["best_round"]
+    assert record["val"] == max(record["curves"]["val"])
+    assert record["test"] == record["curves"]["test"][best]
+    assert record["val_weighted"] == record["curves"]["val_weighted"][best]
+    assert len(record["seconds_per_round"]) == 8 and all(s > 0 for s in record["seconds_per_round"])
+    assert record["config"]["params"]["backbone"] == "h2gcn"
+    assert record["partition_hash"] == tiny_federation.partition.digest()
+    assert record["versions"]["torch"] == torch.__version__.split("+")[0] or record["versions"]["torch"].startswith(
+        torch.__version__.split("+")[0]
+    )
+
+
+def test_metric_per_dataset_follows_the_paper():
+    auc = {name for name, spec in DATASETS.items() if spec.metric == "roc_auc"}
+    assert auc == {"minesweeper", "tolokers", "questions"}
+    assert DATASETS["roman-empire"].metric == "accuracy"
+
+
+def test_roc_auc_matches_sklearn_with_ties():
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(200, 2, generator=gen).round(decimals=1)  # rounding makes ties
+    y = torch.randint(0, 2, (200,), generator=gen)
+    expected = roc_auc_score(y.numpy(), torch.softmax(logits.double(), 1)[:, 1].numpy())
+    assert roc_auc(logits, y).item() == pytest.approx(expected, abs=1e-6)
+    assert math.isnan(roc_auc(logits, torch.ones(200, dtype=torch.long)).item())
+
+
+def test_accuracy():
+    logits = torch.tensor([[2.0, 0.0], [0.0, 1.0], [3.0, 1.0]])
+    assert accuracy(logits, torch.tensor([0, 1, 1])).item() == pytest.approx(2 / 3)
+    assert math.isnan(accuracy(logits[:0], torch.tensor([], dtype=torch.long)).item())
+
+
+def test_missing_cuda_is_a_user_error():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    with pytest.raises(UserError):
+        resolve_device("cuda")
+    assert resolve_device("auto") == torch.device("cpu")

@@ -1,0 +1,80 @@
+"""The run store never loses or duplicates a finished run, also when the process is killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gfl_bench.store import RunStore
+
+GRID = ["run", "--method", "fedavg", "--dataset", "tiny", "--clients", "5", "--seeds", "6", "--rounds", "40"]
+
+
+def _record(key: str, test: float = 0.5) -> dict:
+    return {
+        "run_key": key, "config_key": "c", "method": "fedavg", "dataset": "tiny", "scheme": "metis",
+        "clients": 5, "data_seed": 1234, "seed": 0, "metric": "accuracy", "best_round": 0, "val": 0.5,
+        "test": test, "val_weighted": 0.5, "test_weighted": 0.5, "seconds_per_round": [0.1, 0.3],
+        "finished_at": time.time(),
+    }  # fmt: skip
+
+
+def test_put_is_idempotent_unless_replaced(tmp_path):
+    with RunStore(tmp_path / "runs.sqlite") as store:
+        store.put(_record("a", 0.5))
+        store.put(_record("a", 0.9))
+        assert len(store) == 1 and store.record("a")["test"] == 0.5
+        store.put(_record("a", 0.9), replace=True)
+        assert len(store) == 1 and store.record("a")["test"] == 0.9
+        assert store.frame()["seconds_per_round"].tolist() == [pytest.approx(0.2)]
+
+
+def _gflbench(args: list[str], store: Path, tmp_path: Path) -> subprocess.Popen:
+    env = {**os.environ, "GFLBENCH_DATA": str(tmp_path / "data")}
+    code = "import sys; from cli import app; sys.argv[0] = 'gflbench'; app()"
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args, "--store", str(store), "--device", "cpu"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )  # fmt: skip
+
+
+def _wait_for_runs(store: Path, count: int, proc: subprocess.Popen, limit: float = 120) -> None:
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        if store.exists():
+            with RunStore(store) as s:
+                if len(s) >= count:
+                    return
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.05)
+    raise AssertionError("no run finished in time")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_killed_grid_keeps_finished_runs_and_resumes(tmp_path, sig):
+    store = tmp_path / "runs.sqlite"
+    proc = _gflbench(GRID, store, tmp_path)
+    _wait_for_runs(store, 2, proc)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=60)
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130 and "Traceback" not in out
+    with RunStore(store) as s:
+        kept = len(s)
+        keys = set(s.frame()["run_key"])
+    assert 2 <= kept < 6 and len(keys) == kept
+
+    resumed = _gflbench(GRID, store, tmp_path)
+    out, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, out
+    assert f"{kept} already stored, {6 - kept} to run" in out
+    with RunStore(store) as s:
+        assert len(s) == 6
+        assert keys <= set(s.frame()["run_key"])  # the finished runs were kept, not recomputed
