@@ -24,7 +24,7 @@ from rich.table import Table
 from gfl_bench.datasets import DATA_DIR_ENV, DATASETS, dataset_spec, default_data_dir, is_available
 from gfl_bench.errors import UserError
 from gfl_bench.method import all_methods
-from gfl_bench.partition import DEFAULT_DATA_SEED, SCHEMES, check_clients
+from gfl_bench.partition import DEFAULT_DATA_SEED, SCHEMES, check_clients, check_scheme
 from gfl_bench.spec import RunSpec, make_spec, parse_overrides
 from gfl_bench.store import DEFAULT_STORE, RESULTS_ENV, RunStore
 
@@ -125,7 +125,8 @@ def run(
 
     methods = split_list(method, "methods")
     datasets = split_list(dataset, "datasets")
-    counts = parse_ints(clients, "client counts") if clients else list(SCHEMES.get(partition, ()))
+    check_scheme(partition)
+    counts = parse_ints(clients, "client counts") if clients else list(SCHEMES[partition])
     if seeds < 1:
         raise UserError(f"--seeds must be at least 1, got {seeds}")
     overrides = parse_overrides(set_ or [], methods)
@@ -224,7 +225,7 @@ def table(
         chosen = split_list(dataset, "datasets")
         for d in chosen:
             dataset_spec(d)
-        check_clients(partition, SCHEMES.get(partition, (1,))[0])
+        check_scheme(partition)
         layouts = [tables.TableLayout(0, f"{', '.join(chosen)}, {partition} partitioning.", tuple(chosen), partition, False)]
     else:
         layouts = [tables.table_layout(number)] if number is not None else list(tables.TABLES.values())
@@ -311,10 +312,11 @@ def datasets(data_dir: DataDirOption = None) -> None:
 
     root = data_dir or default_data_dir()
     t = Table("Dataset", "# Nodes", "# Edges", "# Classes", "# Features", "Metric", "Status",
-              title="Table 3 (largest connected component, undirected edges)")  # fmt: skip
+              title="Table 3 (largest connected component, undirected edges)",
+              caption="absent: not in the data directory nor in GFLBENCH_RAW_MIRROR")  # fmt: skip
     for name, spec in DATASETS.items():
         if not is_available(name, root):
-            t.add_row(spec.title, "", "", "", "", spec.metric, "not present locally")
+            t.add_row(spec.title, "", "", "", "", spec.metric, "absent")
             continue
         graph = load_dataset(name, root)
         t.add_row(

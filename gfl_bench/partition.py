@@ -50,10 +50,14 @@ class Partition:
         return h.hexdigest()[:16]
 
 
-def check_clients(scheme: str, num_clients: int) -> None:
-    """Reject client counts the scheme cannot make, before any work is done."""
+def check_scheme(scheme: str) -> None:
     if scheme not in SCHEMES:
         raise UserError(f"unknown partition scheme {scheme!r}; choose from {', '.join(SCHEMES)}")
+
+
+def check_clients(scheme: str, num_clients: int) -> None:
+    """Reject client counts the scheme cannot make, before any work is done."""
+    check_scheme(scheme)
     if num_clients < 1:
         raise UserError(f"client count must be positive, got {num_clients}")
     if scheme == "overlap" and num_clients % CLIENTS_PER_PART:

@@ -1,0 +1,84 @@
+"""The command line: bad input is one line on stderr with exit code 2 and stores nothing; a tiny grid works."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from gfl_bench.store import RunStore
+
+BAD_INPUTS = [
+    (["run", "-m", "nope", "-d", "tiny"], "unknown method 'nope'"),
+    (["run", "-m", "fedavg", "-d", "nope"], "unknown dataset 'nope'"),
+    (["run", "-m", "fedavg", "-d", "tiny", "--partition", "overlap", "--clients", "7"], "multiple"),
+    (["run", "-m", "fedavg", "-d", "tiny", "--partition", "louvain"], "unknown partition scheme"),
+    (["run", "-m", "fedavg", "-d", "tiny", "--clients", "five"], "integers"),
+    (["run", "-m", "fedavg", "-d", "tiny", "--seeds", "0"], "--seeds"),
+    (["run", "-m", "fedavg", "-d", "tiny", "--set", "fedavg.nope=1"], "no parameter 'nope'"),
+    (["run", "-m", "fedavg", "-d", "tiny", "--set", "fedavg.lr=fast"], "expects float"),
+    (["run", "-m", "fedavg", "-d", "tiny", "--set", "fedavg.backbone=mlp"], "unknown backbone"),
+    (["run", "-m", "fedavg", "-d", "tiny", "--set", "fedavg.weighting=size"], "weighting"),
+    (["run", "-m", "fedavg", "-d", "tiny", "--device", "tpu"], "device"),
+    (["run", "-m", "fedavg", "-d", "amazon-photo"], "GFLBENCH_RAW_MIRROR"),
+    (["table", "3"], "not a results table"),
+    (["table", "--format", "pdf"], "unknown format"),
+    (["partitions", "-d", "tiny", "--scheme", "overlap", "--clients", "3"], "multiple"),
+]
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    monkeypatch.setenv("GFLBENCH_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("GFLBENCH_RAW_MIRROR", str(tmp_path / "empty-mirror"))
+    monkeypatch.setenv("GFLBENCH_RESULTS", str(tmp_path / "runs.sqlite"))
+    monkeypatch.setattr("torch_geometric.data.dataset.download_url", _no_network, raising=False)
+    monkeypatch.setattr("torch_geometric.datasets.amazon.download_url", _no_network)
+    return tmp_path
+
+
+def _no_network(*args, **kwargs):
+    from urllib.error import URLError
+
+    raise URLError("no network in tests")
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_INPUTS)
+def test_bad_input_is_one_line_and_exit_2(env, args, message):
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+    assert "Traceback" not in result.output
+    if args[0] == "run":
+        assert not (env / "runs.sqlite").exists() or len(RunStore(env / "runs.sqlite")) == 0
+
+
+def test_tiny_grid_runs_skips_and_tabulates(env):
+    runner = CliRunner()
+    args = ["run", "-m", "local,fedavg", "-d", "tiny", "--clients", "5", "--seeds", "2", "--rounds", "5"]
+    first = runner.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert "4 runs asked, 0 already stored, 4 to run" in first.output
+    second = runner.invoke(app, args)
+    assert "4 runs asked, 4 already stored, 0 to run" in second.output
+    assert len(RunStore(env / "runs.sqlite")) == 4
+
+    table = runner.invoke(app, ["table", "-d", "tiny", "--rounds", "5", "--seeds", "2", "-f", "csv"])
+    assert table.exit_code == 0, table.output
+    rows = {line.split(",")[0]: line for line in table.stdout.splitlines()}
+    assert rows["Local"].split(",")[1].count("±") == 1 and "(n=" not in rows["Local"]
+    assert rows["FedAvg"].split(",")[2] == ""  # 10 clients: no runs, empty cell
+    # other hyperparameters select other runs: none stored for these
+    other = runner.invoke(app, ["table", "-d", "tiny", "--rounds", "6", "-f", "csv"])
+    assert "±" not in other.stdout
+
+
+def test_partitions_and_methods_and_datasets_print(env):
+    runner = CliRunner()
+    parts = runner.invoke(app, ["partitions", "-d", "tiny", "--scheme", "overlap", "--clients", "10"])
+    assert parts.exit_code == 0 and "hash" in parts.output
+    listing = runner.invoke(app, ["methods"])
+    assert listing.exit_code == 0 and "fedper" in listing.output and "h2gcn" in listing.output
+    table3 = runner.invoke(app, ["datasets"], terminal_width=200)
+    assert table3.exit_code == 0 and "absent" in table3.output and "Tiny" in table3.output
