@@ -107,6 +107,10 @@ def run(
     ] = None,
     seeds: Annotated[int, typer.Option(help="Run seeds 0..N-1.")] = 10,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    threads: Annotated[
+        int, typer.Option(help="CPU threads per process (0: torch's default). Client graphs are small: one "
+                               "thread avoids oversubscription when several runs share a machine.")
+    ] = 1,
     set_: SetOption = None,
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,
@@ -138,6 +142,12 @@ def run(
         for ds in datasets for m in counts for meth in methods for seed in range(seeds)
     ]  # fmt: skip
     dev = resolve_device(device)
+    if threads < 0:
+        raise UserError(f"--threads must be 0 or more, got {threads}")
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     cache = DataCache(data_dir or default_data_dir(), (data_dir or default_data_dir()) / "partitions")
     for ds in datasets:  # load and partition everything first: a missing dataset fails before any run
         for m in counts:
