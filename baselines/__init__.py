@@ -1,5 +1,7 @@
-"""Baselines, one module each; importing this package registers them all."""
+"""Baselines, one module each. Importing this package imports every module in it, which registers them."""
 
-from baselines import fedavg, fedper, fedprox, local
+import importlib
+import pkgutil
 
-__all__ = ["fedavg", "fedper", "fedprox", "local"]
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")

@@ -13,10 +13,10 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch_geometric.data import Data
-from torch_geometric.nn import GCNConv
+from torch_geometric.nn import GCNConv, SAGEConv
 
 from gfl_bench.errors import UserError
-from gfl_bench.graph_ops import gcn_adjacency, h2gcn_adjacencies
+from gfl_bench.graph_ops import binary_adjacency, gcn_adjacency, h2gcn_adjacencies
 
 
 class Backbone(nn.Module):
@@ -55,6 +55,33 @@ class GCN(Backbone):
         h = F.relu(self.conv1(graph.x, graph.gcn_adj))
         h = F.dropout(h, self.dropout, self.training)
         return self.conv2(h, graph.gcn_adj)
+
+    def forward(self, graph: Data) -> Tensor:
+        h = F.dropout(F.relu(self.embed(graph)), self.dropout, self.training)
+        return self.classifier(h)
+
+
+class GraphSAGE(Backbone):
+    """Two GraphSAGE layers (mean aggregator, PyG SAGEConv) and a linear classifier.
+
+    The encoder FedSage+ uses (paper B.6; Hamilton et al., 2017), laid out like `GCN` so that its
+    head is a separate Linear. Full-batch, all neighbours (no sampling), as every method here.
+    """
+
+    def __init__(self, in_dim: int, hidden: int, num_classes: int, dropout: float) -> None:
+        super().__init__(in_dim, hidden, num_classes, dropout)
+        self.conv1 = SAGEConv(in_dim, hidden)
+        self.conv2 = SAGEConv(hidden, hidden)
+        self.classifier = nn.Linear(hidden, num_classes)
+
+    @staticmethod
+    def prepare(graph: Data) -> None:
+        if "adj" not in graph:
+            graph.adj = binary_adjacency(graph.edge_index, graph.num_nodes)
+
+    def embed(self, graph: Data) -> Tensor:
+        h = F.dropout(F.relu(self.conv1(graph.x, graph.adj)), self.dropout, self.training)
+        return self.conv2(h, graph.adj)
 
     def forward(self, graph: Data) -> Tensor:
         h = F.dropout(F.relu(self.embed(graph)), self.dropout, self.training)
@@ -105,7 +132,15 @@ class H2GCN(Backbone):
         return self.classifier(h)
 
 
-BACKBONES: dict[str, type[Backbone]] = {"gcn": GCN, "h2gcn": H2GCN}
+BACKBONES: dict[str, type[Backbone]] = {"gcn": GCN, "sage": GraphSAGE, "h2gcn": H2GCN}
+
+
+def register_backbone(name: str, backbone: type[Backbone]) -> type[Backbone]:
+    """Make a method-specific backbone (e.g. FED-PUB's masked GCN) selectable by name."""
+    if BACKBONES.get(name, backbone) is not backbone:
+        raise ValueError(f"backbone name {name!r} registered twice")
+    BACKBONES[name] = backbone
+    return backbone
 
 
 def backbone_class(name: str) -> type[Backbone]:

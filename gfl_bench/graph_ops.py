@@ -32,6 +32,20 @@ def csr_tensor(matrix: sp.spmatrix) -> Tensor:
     )
 
 
+def _unit_adjacency(edge_index: Tensor, num_nodes: int) -> sp.csr_matrix:
+    """A as scipy CSR with unit entries and no self-loops."""
+    a = to_scipy_sparse_matrix(edge_index, None, num_nodes).tocsr()
+    a.setdiag(0)
+    a.eliminate_zeros()
+    a.data[:] = 1.0
+    return a
+
+
+def binary_adjacency(edge_index: Tensor, num_nodes: int) -> Tensor:
+    """A with unit entries (self-loops dropped), for mean aggregation such as GraphSAGE's."""
+    return csr_tensor(_unit_adjacency(edge_index, num_nodes))
+
+
 def gcn_adjacency(edge_index: Tensor, num_nodes: int) -> Tensor:
     """D^-1/2 (A + I) D^-1/2, as in Kipf & Welling and PyG's GCNConv."""
     edge_index, weight = gcn_norm(edge_index, None, num_nodes, add_self_loops=True)
@@ -52,10 +66,7 @@ def h2gcn_adjacencies(edge_index: Tensor, num_nodes: int) -> tuple[Tensor, Tenso
     N1 = 1[(A+I) > 0] - I (neighbours, never the ego node); N2 = 1[(A+I)^2 > 0] - 1[(A+I) > 0]
     (nodes at distance exactly two). Self-loops in the input are dropped first (Zhu et al., 2020).
     """
-    a = to_scipy_sparse_matrix(edge_index, None, num_nodes).tocsr()
-    a.setdiag(0)
-    a.eliminate_zeros()
-    a.data[:] = 1.0
+    a = _unit_adjacency(edge_index, num_nodes)
     a_hat = (a + sp.identity(num_nodes, format="csr")).astype(bool).astype(np.float32)
     reach2 = (a_hat @ a_hat).astype(bool).astype(np.float32)
     hop1 = a.astype(bool).astype(np.float32)

@@ -77,3 +77,12 @@ def test_default_backbones_follow_the_paper():
     assert resolve_params(method_class("fedavg"), {}).backbone == "h2gcn"
     assert resolve_params(method_class("fedprox"), {}).backbone == "gcn"
     assert resolve_params(method_class("fedper"), {}).backbone == "gcn"
+
+
+def test_fedavg_with_one_client_is_local(cpu):
+    from gfl_bench.runner import DataCache
+
+    single = DataCache(None, None).federated("tiny", "metis", 1, 1234)
+    local = run(make_spec("local", "tiny", "metis", 1, 0, rounds=6), single, cpu)
+    fedavg = run(make_spec("fedavg", "tiny", "metis", 1, 0, rounds=6), single, cpu)
+    assert local["curves"] == fedavg["curves"]  # loading back one's own average changes nothing

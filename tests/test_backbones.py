@@ -1,0 +1,58 @@
+"""Backbone operators and layouts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch_geometric.data import Data
+
+from gfl_bench.backbones import BACKBONES, GCN, H2GCN
+from gfl_bench.graph_ops import h2gcn_adjacencies
+
+
+def _path_graph(n: int) -> Data:
+    src = torch.arange(n - 1)
+    edge_index = torch.cat([torch.stack([src, src + 1]), torch.stack([src + 1, src])], dim=1)
+    return Data(x=torch.eye(n), edge_index=edge_index, num_nodes=n)
+
+
+def test_h2gcn_neighbourhoods_are_1hop_and_strict_2hop():
+    hop1, hop2 = h2gcn_adjacencies(_path_graph(5).edge_index, 5)
+    one, two = hop1.to_dense() > 0, hop2.to_dense() > 0
+    assert one[2].nonzero().view(-1).tolist() == [1, 3]  # neighbours, not the node itself
+    assert two[2].nonzero().view(-1).tolist() == [0, 4]  # exactly two hops away
+    assert two[0].nonzero().view(-1).tolist() == [2]
+    assert not (one & two).any() and not one.diagonal().any() and not two.diagonal().any()
+    # symmetric normalisation by each operator's own degrees: node 0 (deg 1) - node 1 (deg 2)
+    assert hop1.to_dense()[0, 1].item() == pytest.approx(1 / 2**0.5)
+
+
+def test_h2gcn_representations_and_head():
+    graph = _path_graph(6)
+    H2GCN.prepare(graph)
+    model = H2GCN(6, 8, 3, 0.0)
+    reps = model.representations(graph)
+    assert reps.ego.shape == (6, 8) and reps.hop1.shape == (6, 8) and reps.hop2.shape == (6, 8)
+    assert reps.combined.shape == (6, 7 * 8)
+    assert torch.equal(reps.ego, torch.relu(model.ego(graph.x)))  # structure-free
+    assert model(graph).shape == (6, 3) and H2GCN.head == "classifier"
+
+
+@pytest.mark.parametrize("name", sorted(BACKBONES))
+def test_every_backbone_classifies_every_node(name):
+    graph = _path_graph(7)
+    BACKBONES[name].prepare(graph)
+    model = BACKBONES[name](7, 16, 4, 0.5)
+    assert model(graph).shape == (7, 4)
+    assert any(k.startswith(model.head + ".") for k in model.state_dict())
+
+
+def test_gcn_matches_pyg_message_passing():
+    graph = _path_graph(5)
+    GCN.prepare(graph)
+    model = GCN(5, 4, 2, 0.0).eval()
+    from torch_geometric.nn import GCNConv
+
+    reference = GCNConv(5, 4)
+    reference.load_state_dict(model.conv1.state_dict())
+    torch.testing.assert_close(model.conv1(graph.x, graph.gcn_adj), reference(graph.x, graph.edge_index))
