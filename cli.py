@@ -23,6 +23,7 @@ from rich.table import Table
 
 from gfl_bench.datasets import DATA_DIR_ENV, DATASETS, dataset_spec, default_data_dir, is_available
 from gfl_bench.errors import UserError
+from gfl_bench.execute import Environment, Events
 from gfl_bench.method import all_methods
 from gfl_bench.partition import DEFAULT_DATA_SEED, SCHEMES, check_clients, check_scheme
 from gfl_bench.spec import RunSpec, make_spec, parse_overrides
@@ -96,6 +97,17 @@ def parse_ints(text: str, what: str) -> list[int]:
         raise UserError(f"{what} must be comma-separated integers, got {text!r}") from None
 
 
+WorkersOption = Annotated[
+    int, typer.Option(help="Runs in parallel, each a whole run in its own process (several may share a GPU).")
+]
+ThreadsOption = Annotated[
+    int,
+    typer.Option(help="CPU threads per run (0: torch's default). Client graphs are small: one thread avoids "
+                      "oversubscription when runs share a machine."),
+]
+RetryOption = Annotated[bool, typer.Option(help="Run again the cells stored as failed.")]
+
+
 @app.command()
 @friendly
 def run(
@@ -107,10 +119,8 @@ def run(
     ] = None,
     seeds: Annotated[int, typer.Option(help="Run seeds 0..N-1.")] = 10,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
-    threads: Annotated[
-        int, typer.Option(help="CPU threads per process (0: torch's default). Client graphs are small: one "
-                               "thread avoids oversubscription when several runs share a machine.")
-    ] = 1,
+    threads: ThreadsOption = 1,
+    workers: WorkersOption = 1,
     set_: SetOption = None,
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,
@@ -118,15 +128,13 @@ def run(
     data_dir: DataDirOption = None,
     store: StoreOption = DEFAULT_STORE,
     force: Annotated[bool, typer.Option(help="Recompute runs that are already stored.")] = False,
+    retry_failed: RetryOption = False,
     snapshot_rounds: Annotated[
         str, typer.Option(help="Rounds at which to save the server's snapshot (e.g. FedGMC manifolds).")
     ] = "",
     snapshot_dir: Annotated[Path, typer.Option(help="Folder for snapshots.")] = Path("results") / "snapshots",
 ) -> None:
     """Train methods on datasets over the paper's partitions and seeds; store every finished run."""
-    from gfl_bench.runner import DataCache, resolve_device
-    from gfl_bench.runner import run as run_one
-
     methods = split_list(method, "methods")
     datasets = split_list(dataset, "datasets")
     check_scheme(partition)
@@ -141,38 +149,66 @@ def run(
         make_spec(meth, ds, partition, m, seed, overrides[meth], rounds, local_epochs, data_seed)
         for ds in datasets for m in counts for meth in methods for seed in range(seeds)
     ]  # fmt: skip
-    dev = resolve_device(device)
-    if threads < 0:
-        raise UserError(f"--threads must be 0 or more, got {threads}")
-    if threads:
-        import torch
+    env = Environment(device, data_dir or default_data_dir(), threads, snapshots, snapshot_dir)
+    _run_grid(specs, store, env, workers, force, retry_failed)
 
-        torch.set_num_threads(threads)
-    cache = DataCache(data_dir or default_data_dir(), (data_dir or default_data_dir()) / "partitions")
-    for ds in datasets:  # load and partition everything first: a missing dataset fails before any run
-        for m in counts:
-            cache.federated(ds, partition, m, data_seed)
 
+def _run_grid(
+    specs: list[RunSpec],
+    store: Path,
+    env: Environment,
+    workers: int,
+    force: bool,
+    retry_failed: bool,
+    executor: str = "local",
+    address: str | None = None,
+    gpus_per_run: float = 0.0,
+) -> None:
+    """Validate devices and data up front, then execute the missing runs with progress, then summarise."""
+    from gfl_bench.execute import execute, pending
+    from gfl_bench.runner import DataCache, resolve_device
+
+    if env.threads < 0 or workers < 1:
+        raise UserError("--threads must be 0 or more and --workers at least 1")
+    if executor == "local":
+        resolve_device(env.device)
+        cache = DataCache(env.data_dir, env.data_dir / "partitions" if env.data_dir else None)
+        for key in sorted({(s.dataset, s.scheme, s.clients, s.data_seed) for s in specs}):
+            cache.federated(*key)  # a missing dataset or impossible partition fails before any run
     with RunStore(store) as runs:
-        todo = [s for s in specs if force or s.run_key not in runs]
+        todo = pending(specs, runs, force, retry_failed)
+        failed_before = sum(1 for s in specs if runs.statuses().get(s.run_key) == "failed")
         console.print(
-            f"{len(specs)} runs asked, {len(specs) - len(todo)} already stored, {len(todo)} to run on {dev}"
+            f"{len(specs)} runs asked, {len(specs) - len(todo)} already stored, {len(todo)} to run "
+            f"({'workers: ' + str(workers) if executor == 'local' else 'Ray'}, device {env.device})"
         )
         with _progress() as progress:
             overall = progress.add_task("runs", total=len(todo), status="")
-            for spec in todo:
-                label = f"{spec.method} {spec.dataset} {spec.scheme}-{spec.clients} seed {spec.seed}"
-                rounds_task = progress.add_task(label, total=spec.rounds, status="")
+            tasks: dict[str, int] = {}
 
-                def on_round(index: int, val: float, test: float, task: int = rounds_task) -> None:
-                    progress.update(task, advance=1, status=f"val {val * 100:.2f} test {test * 100:.2f}")
+            def started(spec: RunSpec) -> None:
+                if workers == 1 and executor == "local":
+                    tasks[spec.run_key] = progress.add_task(_label(spec), total=spec.rounds, status="")
 
-                data = cache.federated(spec.dataset, spec.scheme, spec.clients, spec.data_seed)
-                record = run_one(spec, data, dev, on_round, snapshots, snapshot_dir)
-                runs.put(record, replace=force)
-                progress.remove_task(rounds_task)
-                progress.update(overall, advance=1, status=f"last: {label} test {record['test'] * 100:.2f}")
+            def round_done(spec: RunSpec, index: int, val: float, test: float) -> None:
+                progress.update(tasks[spec.run_key], advance=1, status=f"val {val * 100:.2f} test {test * 100:.2f}")
+
+            def finished(spec: RunSpec, record: dict) -> None:
+                if spec.run_key in tasks:
+                    progress.remove_task(tasks.pop(spec.run_key))
+                outcome = f"test {record['test'] * 100:.2f}" if record["status"] == "ok" else "FAILED"
+                progress.update(overall, advance=1, status=f"last: {_label(spec)} {outcome}")
+                if record["status"] != "ok":
+                    err_console.print(f"run failed: {_label(spec)}: {record['error']}", markup=False)
+
+            execute(todo, runs, env, workers, executor, address, gpus_per_run, Events(started, round_done, finished))
         _print_summary(runs, specs)
+        if failed_before and not retry_failed:
+            console.print(f"{failed_before} cells of this grid are stored as failed; --retry-failed runs them again")
+
+
+def _label(spec: RunSpec) -> str:
+    return f"{spec.method} {spec.dataset} {spec.scheme}-{spec.clients} seed {spec.seed}"
 
 
 def _progress() -> Progress:

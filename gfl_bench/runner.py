@@ -34,6 +34,10 @@ from gfl_bench.spec import RunSpec
 RoundCallback = Callable[[int, float, float], None]
 
 
+class RunFailed(RuntimeError):
+    """A run that cannot produce numbers (non-finite predictions); it is stored as failed, not retried."""
+
+
 def resolve_device(name: str) -> torch.device:
     """`auto` picks CUDA when present; an explicit device that is not there is an error."""
     from gfl_bench.errors import UserError
@@ -198,10 +202,12 @@ def run(
         if index in snapshot_rounds and snapshot_dir is not None:
             _save_snapshot(server.snapshot(), Path(snapshot_dir) / spec.run_key / f"round{index}.pt")
 
-        val, test = _evaluate(clients, metric)
-        summary = torch.stack(
-            [_nanmean(val), _nanmean(test), _nanmean(val, val_counts), _nanmean(test, test_counts)]
+        val, test, finite = _evaluate(clients, metric)
+        *summary, all_finite = torch.stack(
+            [_nanmean(val), _nanmean(test), _nanmean(val, val_counts), _nanmean(test, test_counts), finite]
         ).tolist()  # the one host sync per round
+        if not all_finite:
+            raise RunFailed(f"non-finite predictions at round {index} (diverged training: NaN or inf)")
         for key, value in zip(curves, summary):
             curves[key].append(value)
         if on_round is not None:
@@ -209,16 +215,9 @@ def run(
 
     best = best_round(curves["val"])
     return {
-        "run_key": spec.run_key,
-        "config_key": spec.config_key,
-        "method": spec.method,
-        "dataset": spec.dataset,
-        "scheme": spec.scheme,
-        "clients": spec.clients,
-        "data_seed": spec.data_seed,
-        "seed": spec.seed,
-        "config": spec.config(),
+        **_identity(spec),
         "metric": data.metric,
+        "status": "ok",
         "best_round": best,
         "val": curves["val"][best],
         "test": curves["test"][best],
@@ -230,6 +229,33 @@ def run(
         "bytes_down": bytes_down,
         "diagnostics": diagnostics,
         "partition_hash": data.partition.digest(),
+        "started_at": started,
+        "finished_at": time.time(),
+        **provenance(device),
+    }
+
+
+def _identity(spec: RunSpec) -> dict:
+    return {
+        "run_key": spec.run_key,
+        "config_key": spec.config_key,
+        "method": spec.method,
+        "dataset": spec.dataset,
+        "scheme": spec.scheme,
+        "clients": spec.clients,
+        "data_seed": spec.data_seed,
+        "seed": spec.seed,
+        "config": spec.config(),
+    }
+
+
+def failed_record(spec: RunSpec, error: BaseException, device: torch.device, started: float) -> dict:
+    """The record of a run that raised: kept so that tables show the cell as failed, with the reason."""
+    return {
+        **_identity(spec),
+        "metric": dataset_spec(spec.dataset).metric,
+        "status": "failed",
+        "error": f"{type(error).__name__}: {error}",
         "started_at": started,
         "finished_at": time.time(),
         **provenance(device),
@@ -249,12 +275,13 @@ def _save_snapshot(state: dict, path: Path) -> None:
     os.replace(partial, path)
 
 
-def _evaluate(clients: list, metric: Callable[[Tensor, Tensor], Tensor]) -> tuple[Tensor, Tensor]:
-    """Per-client validation and test metric of each client's deployable model."""
-    val, test = [], []
+def _evaluate(clients: list, metric: Callable[[Tensor, Tensor], Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-client validation and test metric of each client's deployable model, and 1.0 if all logits are finite."""
+    val, test, finite = [], [], []
     for client in clients:
         logits = client.predict()
         g = client.graph
         val.append(metric(logits[g.val_mask], g.y[g.val_mask]))
         test.append(metric(logits[g.test_mask], g.y[g.test_mask]))
-    return torch.stack(val), torch.stack(test)
+        finite.append(torch.isfinite(logits).all())
+    return torch.stack(val), torch.stack(test), torch.stack(finite).all().float()

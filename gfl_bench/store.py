@@ -80,6 +80,10 @@ class RunStore:
     def __len__(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
 
+    def statuses(self) -> dict[str, str]:
+        """run_key -> "ok" or "failed", for every stored run."""
+        return dict(self._db.execute("SELECT run_key, status FROM runs").fetchall())
+
     def put(self, record: dict, replace: bool = False) -> None:
         """Store a finished run; an existing key is kept unless `replace` (then swapped atomically)."""
         row = {

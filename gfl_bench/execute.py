@@ -1,0 +1,147 @@
+"""Executing a grid of runs: in this process, in local worker processes, or as Ray tasks.
+
+The unit of work is a whole run (dataset × partition × clients × seed × method): client-level
+parallelism costs more in communication than subgraph-FL compute (research notes, anchors §3, §5).
+Workers only compute and return records; the driver alone writes the store, one atomic insert per
+finished run, so killing a sweep at any moment loses only the runs in flight, and starting it again
+runs exactly the missing ones. A run that raises (diverged training, out of memory, a method bug) is
+stored as failed with its error and the sweep goes on; `--retry-failed` runs such cells again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from gfl_bench.errors import UserError
+from gfl_bench.runner import DataCache, RoundCallback, failed_record, resolve_device, run
+from gfl_bench.spec import RunSpec
+from gfl_bench.store import RunStore
+
+EXECUTORS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What a worker needs to execute a spec; plain values, so it pickles to other processes and nodes."""
+
+    device: str = "auto"
+    data_dir: Path | None = None
+    threads: int = 1
+    snapshot_rounds: frozenset[int] = field(default_factory=frozenset)
+    snapshot_dir: Path = Path("results") / "snapshots"
+
+
+_caches: dict[Path | None, DataCache] = {}  # per worker process: datasets and partitions loaded once
+
+
+def run_job(spec: RunSpec, env: Environment, on_round: RoundCallback | None = None) -> dict:
+    """Run one spec and return its record; any failure but bad input becomes a failed record."""
+    if env.threads:
+        torch.set_num_threads(env.threads)
+    device = resolve_device(env.device)
+    if env.data_dir not in _caches:
+        partitions = env.data_dir / "partitions" if env.data_dir else None
+        _caches[env.data_dir] = DataCache(env.data_dir, partitions)
+    started = time.time()
+    try:
+        data = _caches[env.data_dir].federated(spec.dataset, spec.scheme, spec.clients, spec.data_seed)
+        return run(spec, data, device, on_round, env.snapshot_rounds, env.snapshot_dir)
+    except UserError:
+        raise
+    except Exception as error:  # noqa: BLE001 - recorded with its type and message, the sweep goes on
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return failed_record(spec, error, device, started)
+
+
+def pending(specs: Iterable[RunSpec], store: RunStore, force: bool, retry_failed: bool) -> list[RunSpec]:
+    """The specs this command must run: not stored yet, or stored as failed when retrying, or all with force."""
+    status = store.statuses()
+    return [
+        s for s in specs
+        if force or s.run_key not in status or (retry_failed and status[s.run_key] == "failed")
+    ]  # fmt: skip
+
+
+@dataclass
+class Events:
+    """Callbacks for progress display; all optional."""
+
+    started: Callable[[RunSpec], None] = lambda spec: None
+    round_done: Callable[[RunSpec, int, float, float], None] = lambda spec, index, val, test: None
+    finished: Callable[[RunSpec, dict], None] = lambda spec, record: None
+
+
+def execute(
+    specs: list[RunSpec],
+    store: RunStore,
+    env: Environment,
+    workers: int = 1,
+    executor: str = "local",
+    address: str | None = None,
+    gpus_per_run: float = 0.0,
+    events: Events | None = None,
+) -> None:
+    """Run `specs` and store each record as it arrives (replacing any record under the same key)."""
+    events = events or Events()
+    if executor not in EXECUTORS:
+        raise UserError(f"unknown executor {executor!r}; choose from {', '.join(EXECUTORS)}")
+    if executor == "ray":
+        _execute_ray(specs, store, env, address, gpus_per_run, events)
+    elif workers <= 1:
+        for spec in specs:
+            events.started(spec)
+            record = run_job(spec, env, lambda i, v, t, spec=spec: events.round_done(spec, i, v, t))
+            store.put(record, replace=True)
+            events.finished(spec, record)
+    else:
+        _execute_pool(specs, store, env, workers, events)
+
+
+def _execute_pool(specs: list[RunSpec], store: RunStore, env: Environment, workers: int, events: Events) -> None:
+    context = multiprocessing.get_context("spawn")  # fork would copy CUDA state and threads
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        futures = {pool.submit(run_job, spec, env): spec for spec in specs}
+        for spec in specs[:workers]:
+            events.started(spec)
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                spec = futures[future]
+                record = future.result()
+                store.put(record, replace=True)
+                events.finished(spec, record)
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+
+
+def _execute_ray(
+    specs: list[RunSpec], store: RunStore, env: Environment, address: str | None, gpus: float, events: Events
+) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise UserError("--executor ray needs Ray: pip install 'gflbench[ray]'") from None
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    remote = ray.remote(num_cpus=1, num_gpus=gpus)(run_job)
+    pending_refs = {remote.remote(spec, env): spec for spec in specs}
+    try:
+        while pending_refs:
+            done, _ = ray.wait(list(pending_refs), num_returns=1)
+            for ref in done:
+                spec = pending_refs.pop(ref)
+                record = ray.get(ref)
+                store.put(record, replace=True)
+                events.finished(spec, record)
+    except BaseException:
+        for ref in pending_refs:
+            ray.cancel(ref, force=True)
+        raise
