@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gfl_bench.datasets import DATA_DIR_ENV, DATASETS, dataset_spec, default_data_dir, is_available
+from gfl_bench.datasets import DATA_DIR_ENV, dataset_spec, default_data_dir
 from gfl_bench.errors import UserError
 from gfl_bench.execute import Environment, Events
 from gfl_bench.method import all_methods
@@ -38,7 +38,6 @@ app = typer.Typer(
 console = Console()
 err_console = Console(stderr=True)
 
-FORMATS = ("terminal", "markdown", "latex", "csv")
 
 DataDirOption = Annotated[
     Optional[Path], typer.Option("--data-dir", envvar=DATA_DIR_ENV, help="Writable dataset folder.")
@@ -244,13 +243,14 @@ def _print_summary(runs: RunStore, specs: list[RunSpec]) -> None:
 @friendly
 def table(
     number: Annotated[
-        Optional[int], typer.Argument(help="Paper table 1, 2, 4 or 5; default every one that has runs.")
+        Optional[str], typer.Argument(help="Paper table 1-7 or 'all'; default every results table that has runs.")
     ] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="terminal, markdown, latex or csv.")] = "terminal",
     out: Annotated[Optional[Path], typer.Option(help="Write to this file instead of the terminal.")] = None,
     method: Annotated[Optional[str], typer.Option("--method", "-m", help="Rows; default every stored method.")] = None,
     dataset: Annotated[
-        Optional[str], typer.Option("--dataset", "-d", help="A custom table of these datasets instead of the paper's.")
+        Optional[str],
+        typer.Option("--dataset", "-d", help="With a table number: only these datasets; without: a custom table."),
     ] = None,
     partition: Annotated[str, typer.Option("--partition", "--scheme", help="Scheme of a custom table.")] = "metis",
     seeds: Annotated[int, typer.Option(help="Seeds a full cell has; fewer are marked (n=k).")] = 10,
@@ -258,94 +258,93 @@ def table(
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,
     store: StoreOption = DEFAULT_STORE,
+    data_dir: DataDirOption = None,
 ) -> None:
-    """Render mean±std tables in the paper's layout from the run store."""
+    """Render the paper's Tables 1-7 (mean±std, its layout) from the run store; Table 3 from the data."""
     from gfl_bench import tables
 
-    if fmt not in FORMATS:
-        raise UserError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
-    registered = all_methods()
-    if dataset is not None:
-        if number is not None:
-            raise UserError("give a paper table number or --dataset for a custom table, not both")
-        chosen = split_list(dataset, "datasets")
-        for d in chosen:
-            dataset_spec(d)
+    tables.check_format(fmt)
+    numbers = _table_numbers(number)
+    chosen_datasets = split_list(dataset, "datasets") if dataset else None
+    for d in chosen_datasets or []:
+        dataset_spec(d)
+    if number is None and chosen_datasets:
         check_scheme(partition)
-        layouts = [tables.TableLayout(0, f"{', '.join(chosen)}, {partition} partitioning.", tuple(chosen), partition, False)]
-    else:
-        layouts = [tables.table_layout(number)] if number is not None else list(tables.TABLES.values())
-    if not Path(store).exists():
-        raise UserError(f"no run store at {store}; run `gflbench run` first or pass --store")
-    with RunStore(store) as runs:
-        frame = runs.frame()
-    stored = [m for m in frame["method"].unique() if m in registered]
-    methods = split_list(method, "methods") if method else stored
+    registered = all_methods()
+    frame = _stored_runs(store) if numbers != [3] else None
+    stored = [m for m in (frame["method"].unique() if frame is not None else []) if m in registered]
+    methods = tables.method_order(split_list(method, "methods") if method else stored)
     for m in methods:
         if m not in registered:
             raise UserError(f"unknown method {m!r}; choose from {', '.join(sorted(registered))}")
-    methods = tables.method_order(methods)
-    overrides = parse_overrides(set_ or [], methods)
-    titles = {m: registered[m].title for m in methods}
+    rows = [m for m in methods if m not in tables.ABLATIONS]
+    overrides = parse_overrides(set_ or [], list(registered))
+    titles = {m: cls.title for m, cls in registered.items()}
+    if frame is not None:
+        sel = tables.Selection(frame, overrides, rounds, local_epochs, seeds)
     rendered = []
-    for layout in layouts:
-        clients = SCHEMES[layout.scheme]
-        cells = tables.collect_cells(frame, methods, layout.datasets, layout.scheme, clients, overrides, rounds, local_epochs)
-        if number is None and dataset is None and not cells:
+    for n in numbers if not (number is None and chosen_datasets) else [0]:
+        if n == 0:
+            blocks, caption = tables.results_table(0, sel, rows, titles, chosen_datasets, partition), f"{', '.join(chosen_datasets)}, {partition} partitioning"
+        elif n == 3:
+            blocks, caption = tables.dataset_table(data_dir or default_data_dir()), tables.CAPTIONS[3]
+        elif n == 6:
+            ablation_datasets = chosen_datasets or [d for d in tables.HOMOPHILIC + tables.HETEROPHILIC if d in set(frame["dataset"])]
+            blocks, caption = tables.ablation_table(sel, titles, ablation_datasets), tables.CAPTIONS[6]
+        elif n == 7:
+            blocks, caption = tables.time_table(sel, rows, titles, chosen_datasets or tables.TIME_DATASETS), tables.CAPTIONS[7]
+        else:
+            blocks, caption = tables.results_table(n, sel, rows, titles, chosen_datasets), tables.CAPTIONS[n]
+        if number is None and not any((b.values.notna().any().any() or (b.text == "failed").any().any()) for b in blocks):
             continue
-        text, values = tables.build_frame(cells, methods, layout.datasets, clients, seeds, layout.per_clients_avg, titles)
-        caption = f"Table {layout.number}: {layout.caption}" if layout.number else layout.caption
-        rendered.append(_render(text, values, caption, fmt, len(clients)))
+        rendered.append(tables.render(blocks, caption, fmt))
     if not rendered:
-        hint = " (pass the same --set/--rounds/--local-epochs as to `gflbench run`)" if len(frame) else ""
+        hint = " (pass the same --set/--rounds/--local-epochs as to `gflbench run`)" if frame is not None and len(frame) else ""
         raise UserError(f"no stored runs match the tables' cells{hint}")
-    output = "\n".join(r for r in rendered if isinstance(r, str))
-    if out is not None:
+    if fmt == "terminal":
+        if out is not None:
+            out.write_text("\n".join(_plain(r) for r in rendered))
+        else:
+            for r in rendered:
+                _show(r)
+    elif out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(output if fmt != "terminal" else "\n".join(_plain(r) for r in rendered))
-        console.print(f"wrote {out}")
-    elif fmt == "terminal":
-        for r in rendered:
-            console.print(r)
+        out.write_text("\n".join(rendered))
     else:
-        sys.stdout.write(output)
+        sys.stdout.write("\n".join(rendered))
+    if out is not None:
+        console.print(f"wrote {out}")
 
 
-def _render(text, values, caption: str, fmt: str, per_dataset: int):
-    """One table in one format; terminal and Markdown split it into blocks of three datasets, as the paper does."""
+def _table_numbers(number: str | None) -> list[int]:
     from gfl_bench import tables
 
-    if fmt == "csv":
-        return f"# {caption}\n" + tables.to_csv(text)
-    if fmt == "latex":
-        return tables.to_latex(text, values, caption)
-    blocks = []
-    data_columns = [c for c in text.columns if c[0] != "Avg."]
-    avg_columns = [c for c in text.columns if c[0] == "Avg."]
-    step = 3 * per_dataset
-    for start in range(0, len(data_columns), step):
-        columns = data_columns[start : start + step]
-        if start + step >= len(data_columns):
-            columns += avg_columns
-        blocks.append(text[columns])
-    if fmt == "markdown":
-        return "\n".join(tables.to_markdown(b, caption if i == 0 else caption + " (continued)") for i, b in enumerate(blocks))
-    group = Table.grid()
-    for i, block in enumerate(blocks):
-        t = Table(title=caption if i == 0 else None, show_lines=False)
-        t.add_column("Methods")
-        for d, c in block.columns:
-            t.add_column(f"{d}\n{c}", justify="right")
-        for name, row in block.iterrows():
-            t.add_row(name, *row.tolist())
-        group.add_row(t)
-    return group
+    if number is None:
+        return [1, 2, 4, 5, 6, 7]
+    if number == "all":
+        return list(tables.ALL_TABLES)
+    if not number.isdigit() or int(number) not in tables.ALL_TABLES:
+        raise UserError(f"no table {number!r}; choose from 1-7 or all")
+    return [int(number)]
+
+
+def _stored_runs(store: Path):
+    if not Path(store).exists():
+        raise UserError(f"no run store at {store}; run `gflbench run` first or pass --store")
+    with RunStore(store) as runs:
+        return runs.frame()
+
+
+def _show(renderable) -> None:
+    """Print a rich table; off a terminal, at full width instead of squeezed into 80 columns."""
+    if console.is_terminal:
+        console.print(renderable)
+    else:
+        sys.stdout.write(_plain(renderable))
 
 
 def _plain(renderable) -> str:
-    if isinstance(renderable, str):
-        return renderable
-    capture = Console(width=200, record=True, file=open(os.devnull, "w"))
+    capture = Console(width=250, record=True, file=open(os.devnull, "w"))
     capture.print(renderable)
     return capture.export_text()
 
@@ -353,23 +352,10 @@ def _plain(renderable) -> str:
 @app.command()
 @friendly
 def datasets(data_dir: DataDirOption = None) -> None:
-    """The paper's Table 3 computed from the loaded data; datasets not present locally are marked."""
-    from gfl_bench.datasets import load_dataset
+    """The paper's Table 3 computed from the loaded data; datasets not present locally are marked absent."""
+    from gfl_bench import tables
 
-    root = data_dir or default_data_dir()
-    t = Table("Dataset", "# Nodes", "# Edges", "# Classes", "# Features", "Metric", "Status",
-              title="Table 3 (largest connected component, undirected edges)",
-              caption="absent: not in the data directory nor in GFLBENCH_RAW_MIRROR")  # fmt: skip
-    for name, spec in DATASETS.items():
-        if not is_available(name, root):
-            t.add_row(spec.title, "", "", "", "", spec.metric, "absent")
-            continue
-        graph = load_dataset(name, root)
-        t.add_row(
-            spec.title, f"{graph.num_nodes:,}", f"{graph.num_edges // 2:,}", str(int(graph.y.max()) + 1),
-            str(graph.num_features), spec.metric, "synthetic" if name == "tiny" else "loaded",
-        )  # fmt: skip
-    console.print(t)
+    _show(tables.render(tables.dataset_table(data_dir or default_data_dir()), tables.CAPTIONS[3], "terminal"))
 
 
 @app.command()

@@ -1,24 +1,29 @@
-"""Mean±std tables in the layout of the paper's Tables 1, 2, 4 and 5, built from the run store.
+"""The paper's Tables 1-7, built from the run store (Table 3 from the loaded datasets).
 
 A cell holds the runs of one method on one dataset, scheme and client count whose configuration key
 equals the one `gflbench run` would use with the same options, so a table never mixes
-hyperparameters. Values are percentages, two decimals; std is the population std (ddof=0, numpy's
-default, as in the FED-PUB analysis notebook) over seeds. A cell with fewer seeds than asked shows
-`(n=k)`; a cell without runs is empty. "Avg" is the mean of a row's cell means, with the count of
-cells it covers when some are missing.
+hyperparameters. Values are percentages with two decimals; std is the population std (ddof=0,
+numpy's default, as in the FED-PUB analysis notebook) over seeds. A cell with fewer seeds than asked
+shows `(n=k)`; a cell whose runs all failed shows `failed`; a cell without runs is empty. "Avg." is
+the mean of a row's cell means, with the count of cells it covers when some are missing.
+
+Every table is a list of `Block`s (the paper splits wide tables into blocks of three datasets, and
+Tables 6 and 7 into one block per dataset); `render` writes blocks as terminal tables, Markdown,
+LaTeX (best value bold, second underlined) or CSV.
 """
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 
-from gfl_bench.datasets import dataset_spec
+from gfl_bench.datasets import DATASETS, dataset_spec, is_available, load_dataset
 from gfl_bench.errors import UserError
-from gfl_bench.partition import SCHEMES
 from gfl_bench.spec import make_spec
 
 # The paper's row order (Tables 1-2); variants registered later are appended after these.
@@ -26,159 +31,243 @@ PAPER_METHOD_ORDER = (
     "local", "fedavg", "fedprox", "fedper", "gcfl", "fedgnn", "fedsage+", "fedpub", "fedgta",
     "adafgl", "fedtad", "fediih", "fedici", "fedssa", "fedgmc",
 )  # fmt: skip
+ABLATIONS = ("fedgmc-wo-semantic", "fedgmc-wo-structural", "fedgmc-wo-refinement")
 
 HOMOPHILIC = ("cora", "citeseer", "pubmed", "amazon-computer", "amazon-photo", "ogbn-arxiv")
 HETEROPHILIC = ("roman-empire", "amazon-ratings", "minesweeper", "tolokers", "questions")
+SETTINGS = (("metis", 5), ("metis", 10), ("metis", 20), ("overlap", 10), ("overlap", 30), ("overlap", 50))
+CLIENTS = {"metis": (5, 10, 20), "overlap": (10, 30, 50)}
+TIME_DATASETS = ("cora", "roman-empire")
+FORMATS = ("terminal", "markdown", "latex", "csv")
 
-
-@dataclass(frozen=True)
-class TableLayout:
-    number: int
-    caption: str
-    datasets: tuple[str, ...]
-    scheme: str
-    per_clients_avg: bool  # Tables 2 and 5 also average per client count
-
-
-TABLES: dict[int, TableLayout] = {
-    1: TableLayout(1, "Accuracy (%) on six homophilic graphs, non-overlapping partitioning.", HOMOPHILIC, "metis", False),
-    2: TableLayout(
-        2,
-        "Five heterophilic graphs, non-overlapping partitioning. Accuracy (%) for Roman-empire and "
-        "Amazon-ratings, ROC-AUC (%) for Minesweeper, Tolokers and Questions.",
-        HETEROPHILIC, "metis", True,
-    ),
-    4: TableLayout(4, "Accuracy (%) on six homophilic graphs, overlapping partitioning.", HOMOPHILIC, "overlap", False),
-    5: TableLayout(
-        5,
-        "Five heterophilic graphs, overlapping partitioning. Accuracy (%) for Roman-empire and "
-        "Amazon-ratings, ROC-AUC (%) for Minesweeper, Tolokers and Questions.",
-        HETEROPHILIC, "overlap", True,
-    ),
-}  # fmt: skip
+_HETERO_METRICS = "Accuracy (%) for Roman-empire and Amazon-ratings, ROC-AUC (%) for Minesweeper, Tolokers and Questions."
+CAPTIONS = {
+    1: "Table 1: Accuracy (%) on six homophilic graphs, non-overlapping partitioning.",
+    2: f"Table 2: Five heterophilic graphs, non-overlapping partitioning. {_HETERO_METRICS}",
+    3: "Table 3: Statistics of the eleven graphs (after the largest connected component; undirected edges).",
+    4: "Table 4: Accuracy (%) on six homophilic graphs, overlapping partitioning.",
+    5: f"Table 5: Five heterophilic graphs, overlapping partitioning. {_HETERO_METRICS}",
+    6: "Table 6: Ablations of FedGMC under non-overlapping and overlapping partitioning (↓: drop against FedGMC).",
+    7: "Table 7: Seconds per communication round (configure + local training + aggregation, evaluation excluded).",
+}
+RESULT_TABLES = {1: (HOMOPHILIC, "metis"), 2: (HETEROPHILIC, "metis"), 4: (HOMOPHILIC, "overlap"), 5: (HETEROPHILIC, "overlap")}
+ALL_TABLES = (1, 2, 3, 4, 5, 6, 7)
 
 
 @dataclass(frozen=True)
 class Cell:
-    mean: float  # percent
-    std: float  # percent
-    n: int
+    mean: float  # percent (seconds for Table 7)
+    std: float
+    n: int  # finished runs
+    failed: int  # failed runs
+
+
+@dataclass(frozen=True)
+class Block:
+    """One rectangular piece of a table: text cells, the numbers behind them, and how to rank them."""
+
+    text: pd.DataFrame  # rows: method titles; columns: (group, sub-column)
+    values: pd.DataFrame  # same shape; NaN where there is no number
+    higher_is_better: bool | None = True  # None: no bold/underline
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which stored runs a table reads: the methods' configurations as `gflbench run` would resolve them."""
+
+    runs: pd.DataFrame
+    overrides: Mapping[str, Mapping[str, str]]
+    rounds: int | None = None
+    local_epochs: int | None = None
+    expected_seeds: int = 10
+
+    def cell(self, method: str, dataset: str, scheme: str, clients: int, column: str = "test") -> Cell | None:
+        key = make_spec(method, dataset, scheme, clients, 0, self.overrides.get(method, {}), self.rounds, self.local_epochs).config_key
+        runs = self.runs
+        if runs.empty:
+            return None
+        chosen = runs[(runs["config_key"] == key) & (runs["method"] == method) & (runs["dataset"] == dataset)
+                      & (runs["scheme"] == scheme) & (runs["clients"] == clients)]  # fmt: skip
+        ok = chosen[chosen["status"] == "ok"][column].dropna()
+        failed = int((chosen["status"] == "failed").sum())
+        if ok.empty and not failed:
+            return None
+        scale = 100.0 if column in ("test", "val") else 1.0
+        if ok.empty:
+            return Cell(math.nan, math.nan, 0, failed)
+        return Cell(float(ok.mean()) * scale, float(ok.std(ddof=0)) * scale, len(ok), failed)
+
+    def format(self, cell: Cell | None, decimals: int = 2, with_std: bool = True) -> str:
+        if cell is None:
+            return ""
+        if cell.n == 0:
+            return "failed"
+        text = f"{cell.mean:.{decimals}f}" + (f"±{cell.std:.{decimals}f}" if with_std else "")
+        notes = []
+        if cell.n < self.expected_seeds:
+            notes.append(f"n={cell.n}")
+        if cell.failed:
+            notes.append(f"{cell.failed} failed")
+        return f"{text} ({', '.join(notes)})" if notes else text
 
 
 def method_order(names: Sequence[str]) -> list[str]:
-    known = [m for m in PAPER_METHOD_ORDER if m in names]
-    return known + sorted(n for n in names if n not in PAPER_METHOD_ORDER)
+    known = [m for m in PAPER_METHOD_ORDER + ABLATIONS if m in names]
+    return known + sorted(n for n in names if n not in known)
 
 
-def collect_cells(
-    runs: pd.DataFrame,
-    methods: Sequence[str],
-    datasets: Sequence[str],
-    scheme: str,
-    clients: Sequence[int],
-    overrides: Mapping[str, Mapping[str, str]],
-    rounds: int | None = None,
-    local_epochs: int | None = None,
-) -> dict[tuple[str, str, int], Cell]:
-    """Mean and std of the reported test value per (method, dataset, clients), current configs only."""
-    ok = runs[runs["status"] == "ok"] if len(runs) else runs
-    cells: dict[tuple[str, str, int], Cell] = {}
-    for method in methods:
-        for dataset in datasets:
-            key = make_spec(
-                method, dataset, scheme, clients[0], 0, overrides.get(method, {}), rounds, local_epochs
-            ).config_key
-            chosen = ok[(ok["method"] == method) & (ok["dataset"] == dataset) & (ok["scheme"] == scheme)
-                        & (ok["config_key"] == key)] if len(ok) else ok  # fmt: skip
-            for m in clients:
-                values = chosen[chosen["clients"] == m]["test"].dropna() * 100 if len(chosen) else []
-                if len(values):
-                    cells[(method, dataset, m)] = Cell(float(values.mean()), float(values.std(ddof=0)), len(values))
-    return cells
-
-
-def build_frame(
-    cells: Mapping[tuple[str, str, int], Cell],
-    methods: Sequence[str],
-    datasets: Sequence[str],
-    clients: Sequence[int],
-    expected_seeds: int,
-    per_clients_avg: bool,
-    titles: Mapping[str, str],
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The table as text cells (rows = method titles) and the numeric means used for ranking."""
-    columns = [(dataset_spec(d).title, f"{m} Clients") for d in datasets for m in clients]
+def results_table(number: int, sel: Selection, methods: Sequence[str], titles: Mapping[str, str],
+                  datasets: Sequence[str] | None = None, scheme: str | None = None) -> list[Block]:  # fmt: skip
+    """Tables 1, 2, 4, 5 (or a custom one: number 0 with datasets and scheme): methods × datasets × clients."""
+    if number:
+        table_datasets, scheme = RESULT_TABLES[number]
+        datasets = [d for d in table_datasets if datasets is None or d in datasets]
+    per_clients_avg = number in (2, 5)
+    clients = CLIENTS[scheme]
+    cells = {(m, d, c): sel.cell(m, d, scheme, c) for m in methods for d in datasets for c in clients}
+    data_columns = [(dataset_spec(d).title, f"{c} Clients") for d in datasets for c in clients]
+    avg_groups = ([(f"{c} Clients", [(d, c) for d in datasets]) for c in clients] if per_clients_avg else [])
+    avg_groups.append(("All", [(d, c) for d in datasets for c in clients]))
     text: dict[str, list[str]] = {}
-    numbers: dict[str, list[float]] = {}
-    for method in methods:
-        row_text, row_num = [], []
-        for d in datasets:
-            for m in clients:
-                cell = cells.get((method, d, m))
-                row_num.append(cell.mean if cell else math.nan)
-                row_text.append(_format(cell, expected_seeds))
-        avg_cols = []
-        if per_clients_avg:
-            for m in clients:
-                avg_cols.append([cells.get((method, d, m)) for d in datasets])
-        avg_cols.append([cells.get((method, d, m)) for d in datasets for m in clients])
-        for group in avg_cols:
-            present = [c.mean for c in group if c]
-            value = sum(present) / len(present) if present else math.nan
-            row_num.append(value)
-            row_text.append(_format_avg(value, len(present), len(group)))
-        text[titles[method]] = row_text
-        numbers[titles[method]] = row_num
-    if per_clients_avg:
-        columns += [("Avg.", f"{m} Clients") for m in clients]
-    columns.append(("Avg.", "All"))
-    index = pd.MultiIndex.from_tuples(columns)
-    frame = pd.DataFrame.from_dict(text, orient="index", columns=index)
-    values = pd.DataFrame.from_dict(numbers, orient="index", columns=index)
-    frame.index.name = values.index.name = "Methods"
-    return frame, values
+    values: dict[str, list[float]] = {}
+    for m in methods:
+        row = [cells[(m, d, c)] for d in datasets for c in clients]
+        text[titles[m]] = [sel.format(cell) for cell in row]
+        values[titles[m]] = [cell.mean if cell else math.nan for cell in row]
+        for _, members in avg_groups:
+            present = [cells[(m, d, c)].mean for d, c in members if cells[(m, d, c)] and cells[(m, d, c)].n]
+            mean = sum(present) / len(present) if present else math.nan
+            text[titles[m]].append("" if not present else f"{mean:.2f}" + ("" if len(present) == len(members) else f" ({len(present)}/{len(members)})"))
+            values[titles[m]].append(mean)
+    columns = data_columns + [("Avg.", name) for name, _ in avg_groups]
+    full = _frame(text, columns), _frame(values, columns)
+    blocks = []
+    step = 3 * len(clients)
+    for start in range(0, len(data_columns), step):
+        cols = data_columns[start : start + step] + (columns[len(data_columns):] if start + step >= len(data_columns) else [])
+        blocks.append(Block(full[0][cols], full[1][cols]))
+    return blocks
 
 
-def _format(cell: Cell | None, expected: int) -> str:
-    if cell is None:
-        return ""
-    text = f"{cell.mean:.2f}±{cell.std:.2f}"
-    return text if cell.n >= expected else f"{text} (n={cell.n})"
+def ablation_table(sel: Selection, titles: Mapping[str, str], datasets: Sequence[str]) -> list[Block]:
+    """Table 6: per dataset, the three ablations and FedGMC in six settings, each with its drop (↓)."""
+    rows = [*ABLATIONS, "fedgmc"]
+    blocks = []
+    for d in datasets:
+        columns = [(dataset_spec(d).title, f"{'non-overlapping' if s == 'metis' else 'overlapping'} {c} clients") for s, c in SETTINGS]
+        full = {(m, s, c): sel.cell(m, d, s, c) for m in rows for s, c in SETTINGS}
+        text, values = {}, {}
+        for m in rows:
+            text[titles[m]], values[titles[m]] = [], []
+            for s, c in SETTINGS:
+                cell, reference = full[(m, s, c)], full[("fedgmc", s, c)]
+                entry = sel.format(cell)
+                if m != "fedgmc" and cell and cell.n and reference and reference.n:
+                    entry += f" (↓ {reference.mean - cell.mean:.2f})"
+                text[titles[m]].append(entry)
+                values[titles[m]].append(cell.mean if cell else math.nan)
+        blocks.append(Block(_frame(text, columns), _frame(values, columns), higher_is_better=None))
+    return blocks
 
 
-def _format_avg(value: float, present: int, total: int) -> str:
-    if not present:
-        return ""
-    return f"{value:.2f}" if present == total else f"{value:.2f} ({present}/{total})"
+def time_table(sel: Selection, methods: Sequence[str], titles: Mapping[str, str], datasets: Sequence[str] = TIME_DATASETS) -> list[Block]:
+    """Table 7: seconds per round per method and setting, with the Average row over the methods shown."""
+    blocks = []
+    for d in datasets:
+        columns = [(dataset_spec(d).title, f"{'non-overlapping' if s == 'metis' else 'overlapping'} {c} clients") for s, c in SETTINGS]
+        text, values = {}, {}
+        for m in methods:
+            cells = [sel.cell(m, d, s, c, column="seconds_per_round") for s, c in SETTINGS]
+            text[titles[m]] = [sel.format(cell, decimals=3, with_std=False) for cell in cells]
+            values[titles[m]] = [cell.mean if cell and cell.n else math.nan for cell in cells]
+        numbers = _frame(values, columns)
+        average = numbers.mean(axis=0, skipna=True)
+        text["Average"] = ["" if math.isnan(v) else f"{v:.3f}" for v in average]
+        numbers.loc["Average"] = average
+        blocks.append(Block(_frame(text, columns), numbers, higher_is_better=False))
+    return blocks
 
 
-def table_layout(number: int) -> TableLayout:
-    if number not in TABLES:
-        raise UserError(f"table {number} is not a results table; choose from {', '.join(map(str, TABLES))}")
-    return TABLES[number]
+def dataset_table(data_dir: Path) -> list[Block]:
+    """Table 3 from the data: nodes, undirected edges, classes, features and metric, after preprocessing."""
+    text, values = {}, {}
+    columns = [("", "# Nodes"), ("", "# Edges"), ("", "# Classes"), ("", "# Features"), ("", "Metric"), ("", "Status")]
+    for name, spec in DATASETS.items():
+        if name == "tiny":
+            continue
+        if is_available(name, data_dir):
+            g = load_dataset(name, data_dir)
+            stats = [g.num_nodes, g.num_edges // 2, int(g.y.max()) + 1, g.num_features]
+            text[spec.title] = [f"{v:,}" for v in stats] + [spec.metric, "loaded"]
+        else:
+            stats = [math.nan] * 4
+            text[spec.title] = [""] * 4 + [spec.metric, "absent"]
+        values[spec.title] = stats + [math.nan, math.nan]
+    frame = _frame(text, columns)
+    frame.index.name = "Dataset"
+    return [Block(frame, _frame(values, columns), higher_is_better=None)]
 
 
-def to_markdown(frame: pd.DataFrame, caption: str) -> str:
+def _frame(rows: Mapping[str, list], columns: list[tuple[str, str]]) -> pd.DataFrame:
+    frame = pd.DataFrame.from_dict(dict(rows), orient="index", columns=pd.MultiIndex.from_tuples(columns))
+    frame.index.name = "Methods"
+    return frame
+
+
+def render(blocks: Sequence[Block], caption: str, fmt: str):
+    """Blocks in one format: a string (markdown, latex, csv) or a rich renderable (terminal)."""
+    if fmt == "terminal":
+        return _terminal(blocks, caption)
+    writer = {"markdown": _markdown, "latex": _latex, "csv": _csv}[fmt]
+    return "\n".join(writer(b, caption if i == 0 else f"{caption} (continued)") for i, b in enumerate(blocks))
+
+
+def _flat(frame: pd.DataFrame) -> pd.DataFrame:
     flat = frame.copy()
-    flat.columns = [f"{d} {c}" if d != "Avg." else f"Avg. {c}" for d, c in frame.columns]
-    return f"**{caption}**\n\n" + flat.to_markdown() + "\n"
+    flat.columns = [" ".join(p for p in col if p) for col in frame.columns]
+    return flat
 
 
-def to_csv(frame: pd.DataFrame) -> str:
-    flat = frame.copy()
-    flat.columns = [f"{d} / {c}" for d, c in frame.columns]
-    return flat.to_csv()
+def _markdown(block: Block, caption: str) -> str:
+    return f"**{caption}**\n\n{_flat(block.text).to_markdown()}\n"
 
 
-def to_latex(frame: pd.DataFrame, values: pd.DataFrame, caption: str) -> str:
-    """LaTeX tabular with the best value of each column in bold and the second underlined."""
-    marked = frame.copy()
-    for column in frame.columns:
-        ranked = values[column].dropna().sort_values(ascending=False)
-        for rank, style in zip(range(2), (r"\textbf{%s}", r"\underline{%s}")):
-            if len(ranked) > rank:
-                row = ranked.index[rank]
-                marked.loc[row, column] = style % marked.loc[row, column]
-    marked = marked.map(lambda s: s.replace("±", r"$\pm$"))
+def _csv(block: Block, caption: str) -> str:
+    buffer = io.StringIO()
+    _flat(block.text).to_csv(buffer, lineterminator="\n")
+    return f"# {caption}\n{buffer.getvalue()}"
+
+
+def _latex(block: Block, caption: str) -> str:
+    marked = block.text.copy()
+    if block.higher_is_better is not None:
+        for column in block.text.columns:
+            ranked = block.values[column].drop(index="Average", errors="ignore").dropna()
+            ranked = ranked.sort_values(ascending=not block.higher_is_better)
+            for rank, style in enumerate((r"\textbf{%s}", r"\underline{%s}")):
+                if len(ranked) > rank:
+                    marked.loc[ranked.index[rank], column] = style % marked.loc[ranked.index[rank], column]
+    marked = marked.map(lambda s: s.replace("±", r"$\pm$").replace("↓", r"$\downarrow$"))
     body = marked.to_latex(multicolumn=True, multicolumn_format="c", escape=False)
-    return f"% {caption}\n" + body
+    return f"% {caption}\n{body}"
+
+
+def _terminal(blocks: Sequence[Block], caption: str):
+    from rich.console import Group
+    from rich.table import Table
+
+    tables = []
+    for i, block in enumerate(blocks):
+        t = Table(title=caption if i == 0 else None, title_justify="left")
+        t.add_column(block.text.index.name or "")
+        for group, sub in block.text.columns:
+            t.add_column(f"{group}\n{sub}" if group else sub, justify="right")
+        for name, row in block.text.iterrows():
+            t.add_row(str(name), *row.tolist())
+        tables.append(t)
+    return Group(*tables)
+
+
+def check_format(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise UserError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")

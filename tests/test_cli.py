@@ -21,7 +21,7 @@ BAD_INPUTS = [
     (["run", "-m", "fedavg", "-d", "tiny", "--set", "fedavg.weighting=size"], "weighting"),
     (["run", "-m", "fedavg", "-d", "tiny", "--device", "tpu"], "device"),
     (["run", "-m", "fedavg", "-d", "amazon-photo"], "GFLBENCH_RAW_MIRROR"),
-    (["table", "3"], "not a results table"),
+    (["table", "8"], "no table '8'"),
     (["table", "--format", "pdf"], "unknown format"),
     (["partitions", "-d", "tiny", "--scheme", "overlap", "--clients", "3"], "multiple"),
 ]
@@ -81,4 +81,4 @@ def test_partitions_and_methods_and_datasets_print(env):
     listing = runner.invoke(app, ["methods"])
     assert listing.exit_code == 0 and "fedper" in listing.output and "h2gcn" in listing.output
     table3 = runner.invoke(app, ["datasets"], terminal_width=200)
-    assert table3.exit_code == 0 and "absent" in table3.output and "Tiny" in table3.output
+    assert table3.exit_code == 0 and "absent" in table3.output and "Roman-empire" in table3.output
