@@ -1,0 +1,79 @@
+"""Table layouts against golden files rendered from a fixed synthetic store.
+
+Set GFLBENCH_UPDATE_GOLDEN=1 to rewrite the golden files after an intended layout change, then
+read the diff before committing it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from gfl_bench.spec import make_spec
+from gfl_bench.store import RunStore
+
+GOLDEN = Path(__file__).parent / "golden"
+METHODS = ("local", "fedavg", "fedprox", "fedper")
+
+
+def _record(method: str, dataset: str, scheme: str, clients: int, seed: int, status: str = "ok") -> dict:
+    spec = make_spec(method, dataset, scheme, clients, seed)
+    base = 0.5 + 0.05 * METHODS.index(method) + 0.01 * clients / 5 + 0.002 * seed
+    record = {
+        "run_key": spec.run_key, "config_key": spec.config_key, "method": method, "dataset": dataset,
+        "scheme": scheme, "clients": clients, "data_seed": spec.data_seed, "seed": seed,
+        "metric": "accuracy", "status": status, "finished_at": 0.0,
+        "seconds_per_round": [0.1 * (1 + METHODS.index(method)) + 0.01 * clients + 0.001 * seed],
+    }  # fmt: skip
+    if status == "ok":
+        record.update(best_round=3, val=base, test=base, val_weighted=base, test_weighted=base)
+    else:
+        record["error"] = "RunFailed: non-finite predictions at round 7"
+    return record
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("golden") / "runs.sqlite"
+    with RunStore(path) as runs:
+        for method in METHODS:
+            for dataset in ("cora", "citeseer", "roman-empire", "minesweeper"):
+                for scheme, counts in (("metis", (5, 10)), ("overlap", (10,))):
+                    for clients in counts:
+                        seeds = 2 if (method, clients) == ("fedper", 10) else 3  # one cell short of seeds
+                        for seed in range(seeds):
+                            runs.put(_record(method, dataset, scheme, clients, seed))
+        for seed in range(3):  # a cell whose every run failed
+            runs.put(_record("fedprox", "cora", "metis", 20, seed, status="failed"))
+    return path
+
+
+CASES = {
+    "table1.md": ["table", "1", "-f", "markdown"],
+    "table2.tex": ["table", "2", "-f", "latex"],
+    "table4.csv": ["table", "4", "-f", "csv", "-d", "cora"],
+    "table7.md": ["table", "7", "-f", "markdown", "-d", "cora"],
+    "table1-terminal.txt": ["table", "1", "-d", "cora,citeseer"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_table_matches_golden(store, name):
+    result = CliRunner().invoke(app, [*CASES[name], "--store", str(store), "--seeds", "3"])
+    assert result.exit_code == 0, result.output
+    golden = GOLDEN / name
+    if os.environ.get("GFLBENCH_UPDATE_GOLDEN"):
+        golden.write_text(result.stdout)
+    assert result.stdout == golden.read_text()
+
+
+def test_table_marks_failed_and_short_cells(store):
+    result = CliRunner().invoke(app, ["table", "1", "-d", "cora", "-f", "csv", "--store", str(store), "--seeds", "3"])
+    rows = {line.split(",")[0]: line.split(",") for line in result.stdout.splitlines()}
+    assert rows["FedProx"][3] == "failed"  # Cora, 20 clients
+    assert rows["FedPer"][2].endswith("(n=2)")  # Cora, 10 clients: two of three seeds
+    assert rows["Local"][1] == "51.20±0.16"  # 0.51 + {0, 0.002, 0.004}: mean 51.20 %, population std 0.16
