@@ -360,6 +360,41 @@ def datasets(data_dir: DataDirOption = None) -> None:
 
 @app.command()
 @friendly
+def compare(
+    tables_: Annotated[str, typer.Option("--tables", help="Paper tables to compare, comma-separated.")] = "1,2,4,5,6,7",
+    method: Annotated[Optional[str], typer.Option("--method", "-m", help="Methods; default every stored one.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Write the Markdown report to this file.")] = None,
+    set_: SetOption = None,
+    rounds: RoundsOption = None,
+    local_epochs: EpochsOption = None,
+    store: StoreOption = DEFAULT_STORE,
+) -> None:
+    """Ours next to the paper's published numbers for every cell we have, with flags and a summary (Markdown)."""
+    from gfl_bench import tables
+    from gfl_bench.compare import COMPARABLE_TABLES, compare as compare_cells, to_markdown
+
+    chosen = parse_ints(tables_, "tables")
+    for n in chosen:
+        if n not in COMPARABLE_TABLES:
+            raise UserError(f"table {n} has no published numbers to compare; choose from 1, 2, 4, 5, 6, 7")
+    registered = all_methods()
+    frame = _stored_runs(store)
+    methods = split_list(method, "methods") if method else [m for m in frame["method"].unique() if m in registered]
+    for m in methods:
+        if m not in registered:
+            raise UserError(f"unknown method {m!r}; choose from {', '.join(sorted(registered))}")
+    sel = tables.Selection(frame, parse_overrides(set_ or [], list(registered)), rounds, local_epochs)
+    report = to_markdown(compare_cells(sel, methods, chosen), {m: cls.title for m, cls in registered.items()})
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(report)
+        console.print(f"wrote {out}")
+    else:
+        sys.stdout.write(report)
+
+
+@app.command()
+@friendly
 def partitions(
     dataset: Annotated[str, typer.Option("--dataset", "-d")],
     scheme: Annotated[str, typer.Option("--scheme", "--partition", help="metis or overlap.")] = "metis",
