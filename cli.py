@@ -152,6 +152,78 @@ def run(
     _run_grid(specs, store, env, workers, force, retry_failed)
 
 
+@app.command()
+@friendly
+def sweep(
+    table_: Annotated[
+        Optional[str], typer.Option("--table", help="Run what paper table 1, 2, 4, 5, 6 or 7 needs.")
+    ] = None,
+    method: Annotated[Optional[str], typer.Option("--method", "-m", help="Only these methods (or the grid's).")] = None,
+    dataset: Annotated[Optional[str], typer.Option("--datasets", "--dataset", "-d", help="Only these datasets.")] = None,
+    partition: Annotated[str, typer.Option("--partition", "--scheme", help="Scheme of an explicit grid.")] = "metis",
+    clients: Annotated[Optional[str], typer.Option(help="Client counts of an explicit grid.")] = None,
+    seeds: Annotated[int, typer.Option(help="Run seeds 0..N-1.")] = 10,
+    dry_run: Annotated[bool, typer.Option(help="List the missing runs and an estimate of their time; run nothing.")] = False,
+    workers: WorkersOption = 1,
+    executor: Annotated[str, typer.Option(help="local (worker processes) or ray (an existing Ray cluster).")] = "local",
+    address: Annotated[Optional[str], typer.Option(help="Ray cluster address, e.g. auto.")] = None,
+    gpus_per_run: Annotated[float, typer.Option(help="Fraction of a GPU each Ray task reserves.")] = 0.0,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    threads: ThreadsOption = 1,
+    set_: SetOption = None,
+    rounds: RoundsOption = None,
+    local_epochs: EpochsOption = None,
+    data_dir: DataDirOption = None,
+    store: StoreOption = DEFAULT_STORE,
+    retry_failed: RetryOption = False,
+) -> None:
+    """Run every run a paper table (or an explicit grid) needs that the store lacks, and nothing else."""
+    from gfl_bench.sweep import Grid, estimate, grid_specs, table_grid
+
+    registered = list(all_methods())
+    if table_ is not None:
+        grid = table_grid(table_, registered)
+    else:
+        if method is None or dataset is None:
+            raise UserError("give --table N, or an explicit grid with --method and --datasets")
+        check_scheme(partition)
+        counts = parse_ints(clients, "client counts") if clients else list(SCHEMES[partition])
+        grid = Grid(tuple(split_list(method, "methods")), tuple(split_list(dataset, "datasets")),
+                    tuple((partition, c) for c in counts))  # fmt: skip
+    if table_ is not None and method:
+        keep = split_list(method, "methods")
+        grid = Grid(tuple(m for m in grid.methods if m in keep), grid.datasets, grid.settings, grid.skipped)
+    if table_ is not None and dataset:
+        keep = split_list(dataset, "datasets")
+        for d in keep:
+            dataset_spec(d)
+        grid = Grid(grid.methods, tuple(d for d in grid.datasets if d in keep), grid.settings, grid.skipped)
+    if seeds < 1:
+        raise UserError(f"--seeds must be at least 1, got {seeds}")
+    for scheme, m in grid.settings:
+        check_clients(scheme, m)
+    if grid.skipped:
+        console.print(f"not implemented yet, skipped: {', '.join(grid.skipped)}")
+    specs = grid_specs(grid, seeds, parse_overrides(set_ or [], list(grid.methods)), rounds, local_epochs)
+    env = Environment(device, data_dir or default_data_dir(), threads)
+    if dry_run:
+        from gfl_bench.execute import pending
+
+        with RunStore(store) as runs:
+            todo = pending(specs, runs, False, retry_failed)
+            plan = estimate(todo, runs.frame())
+        known = plan["est. seconds"].dropna()
+        plan["est. seconds"] = plan["est. seconds"].map(lambda v: "?" if v != v else f"{v:.0f}")
+        sys.stdout.write(plan.to_markdown(index=False) + "\n" if len(plan) else "")
+        console.print(
+            f"{len(specs)} runs in the grid, {len(todo)} missing; estimated {known.sum() / 3600:.2f} h of run time "
+            f"for the {int(plan.loc[plan['est. seconds'] != '?', 'runs'].sum())} with a stored basis "
+            f"(one worker; evaluation not included)"
+        )
+        return
+    _run_grid(specs, store, env, workers, False, retry_failed, executor, address, gpus_per_run)
+
+
 def _run_grid(
     specs: list[RunSpec],
     store: Path,
