@@ -156,7 +156,7 @@ def run(
 @friendly
 def sweep(
     table_: Annotated[
-        Optional[str], typer.Option("--table", help="Run what paper table 1, 2, 4, 5, 6 or 7 needs.")
+        Optional[str], typer.Option("--table", help="Run what paper table 1, 2, 4, 5, 6, 7 (or 'sensitivity') needs.")
     ] = None,
     method: Annotated[Optional[str], typer.Option("--method", "-m", help="Only these methods (or the grid's).")] = None,
     dataset: Annotated[Optional[str], typer.Option("--datasets", "--dataset", "-d", help="Only these datasets.")] = None,
@@ -178,10 +178,20 @@ def sweep(
     retry_failed: RetryOption = False,
 ) -> None:
     """Run every run a paper table (or an explicit grid) needs that the store lacks, and nothing else."""
-    from gfl_bench.sweep import Grid, estimate, grid_specs, table_grid
+    from gfl_bench.sweep import Grid, estimate, table_grid
 
     registered = list(all_methods())
-    if table_ is not None:
+    if seeds < 1:
+        raise UserError(f"--seeds must be at least 1, got {seeds}")
+    if table_ == "sensitivity":
+        from gfl_bench.plots import SENSITIVITY_DATASETS, sensitivity_specs
+
+        chosen = split_list(dataset, "datasets") if dataset else list(SENSITIVITY_DATASETS)
+        for d in chosen:
+            dataset_spec(d)
+        specs = [s for d in chosen for s in sensitivity_specs(d, "metis", 10, seeds, rounds)]
+        grid = None
+    elif table_ is not None:
         grid = table_grid(table_, registered)
     else:
         if method is None or dataset is None:
@@ -190,21 +200,8 @@ def sweep(
         counts = parse_ints(clients, "client counts") if clients else list(SCHEMES[partition])
         grid = Grid(tuple(split_list(method, "methods")), tuple(split_list(dataset, "datasets")),
                     tuple((partition, c) for c in counts))  # fmt: skip
-    if table_ is not None and method:
-        keep = split_list(method, "methods")
-        grid = Grid(tuple(m for m in grid.methods if m in keep), grid.datasets, grid.settings, grid.skipped)
-    if table_ is not None and dataset:
-        keep = split_list(dataset, "datasets")
-        for d in keep:
-            dataset_spec(d)
-        grid = Grid(grid.methods, tuple(d for d in grid.datasets if d in keep), grid.settings, grid.skipped)
-    if seeds < 1:
-        raise UserError(f"--seeds must be at least 1, got {seeds}")
-    for scheme, m in grid.settings:
-        check_clients(scheme, m)
-    if grid.skipped:
-        console.print(f"not implemented yet, skipped: {', '.join(grid.skipped)}")
-    specs = grid_specs(grid, seeds, parse_overrides(set_ or [], list(grid.methods)), rounds, local_epochs)
+    if grid is not None:
+        specs = _grid_specs_checked(grid, table_, method, dataset, seeds, set_, rounds, local_epochs)
     env = Environment(device, data_dir or default_data_dir(), threads)
     if dry_run:
         from gfl_bench.execute import pending
@@ -222,6 +219,27 @@ def sweep(
         )
         return
     _run_grid(specs, store, env, workers, False, retry_failed, executor, address, gpus_per_run)
+
+
+def _grid_specs_checked(grid, table_, method, dataset, seeds, set_, rounds, local_epochs) -> list[RunSpec]:
+    """Restrict a grid to the chosen methods and datasets, check it, and expand it into specs."""
+    from gfl_bench.sweep import Grid, grid_specs
+
+    if table_ is not None and method:
+        keep = split_list(method, "methods")
+        grid = Grid(tuple(m for m in grid.methods if m in keep), grid.datasets, grid.settings, grid.skipped)
+    if table_ is not None and dataset:
+        keep = split_list(dataset, "datasets")
+        for d in keep:
+            dataset_spec(d)
+        grid = Grid(grid.methods, tuple(d for d in grid.datasets if d in keep), grid.settings, grid.skipped)
+    if seeds < 1:
+        raise UserError(f"--seeds must be at least 1, got {seeds}")
+    for scheme, m in grid.settings:
+        check_clients(scheme, m)
+    if grid.skipped:
+        console.print(f"not implemented yet, skipped: {', '.join(grid.skipped)}")
+    return grid_specs(grid, seeds, parse_overrides(set_ or [], list(grid.methods)), rounds, local_epochs)
 
 
 def _run_grid(
@@ -463,6 +481,100 @@ def compare(
         console.print(f"wrote {out}")
     else:
         sys.stdout.write(report)
+
+
+plot_app = typer.Typer(no_args_is_help=True, help="The paper's figures from stored runs (PNG and PDF).")
+app.add_typer(plot_app, name="plot")
+FIGURES = Path("results") / "figures"
+
+
+@plot_app.command("convergence")
+@friendly
+def plot_convergence(
+    dataset: Annotated[str, typer.Option("--dataset", "-d")],
+    partition: Annotated[str, typer.Option("--partition", "--scheme")] = "metis",
+    clients: Annotated[int, typer.Option()] = 10,
+    method: Annotated[Optional[str], typer.Option("--method", "-m", help="Methods; default every stored one.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="File stem; .png and .pdf are written.")] = None,
+    set_: SetOption = None,
+    rounds: RoundsOption = None,
+    local_epochs: EpochsOption = None,
+    store: StoreOption = DEFAULT_STORE,
+) -> None:
+    """Test metric per round, methods overlaid (paper Fig. 3, 6, 7)."""
+    from gfl_bench import plots, tables
+
+    dataset_spec(dataset)
+    check_clients(partition, clients)
+    registered = all_methods()
+    frame = _stored_runs(store)
+    methods = tables.method_order(split_list(method, "methods") if method else [m for m in frame["method"].unique() if m in registered])
+    sel = tables.Selection(frame, parse_overrides(set_ or [], list(registered)), rounds, local_epochs)
+    target = out or FIGURES / f"convergence-{dataset}-{partition}-{clients}"
+    with RunStore(store) as runs:
+        written = plots.convergence(runs, sel, methods, {m: c.title for m, c in registered.items()}, dataset, partition, clients, target)
+    _report_figure(written)
+
+
+@plot_app.command("sensitivity")
+@friendly
+def plot_sensitivity(
+    dataset: Annotated[str, typer.Option("--dataset", "-d")],
+    partition: Annotated[str, typer.Option("--partition", "--scheme")] = "metis",
+    clients: Annotated[int, typer.Option()] = 10,
+    out: Annotated[Optional[Path], typer.Option(help="File stem; .png and .pdf are written.")] = None,
+    rounds: RoundsOption = None,
+    store: StoreOption = DEFAULT_STORE,
+) -> None:
+    """FedGMC's metric with std bars over Q, B, tau, eta (paper Fig. 4, 8, 9); runs from `sweep --table sensitivity`."""
+    from gfl_bench import plots, tables
+
+    dataset_spec(dataset)
+    check_clients(partition, clients)
+    sel = tables.Selection(_stored_runs(store), {}, rounds)
+    _report_figure(plots.sensitivity(sel, dataset, partition, clients, out or FIGURES / f"sensitivity-{dataset}-{partition}-{clients}"))
+
+
+@plot_app.command("case-study")
+@friendly
+def plot_case_study(
+    dataset: Annotated[str, typer.Option("--dataset", "-d")],
+    partition: Annotated[str, typer.Option("--partition", "--scheme")] = "metis",
+    clients: Annotated[int, typer.Option()] = 10,
+    seed: Annotated[int, typer.Option(help="Run seed of the FedGMC run.")] = 0,
+    rounds_: Annotated[str, typer.Option("--at", help="Two snapshot rounds: before,after.")] = "0,99",
+    set_: SetOption = None,
+    rounds: RoundsOption = None,
+    snapshot_dir: Annotated[Path, typer.Option(help="Where `run --snapshot-rounds` saved them.")] = Path("results") / "snapshots",
+    out: Annotated[Optional[Path], typer.Option(help="File stem; .png and .pdf are written.")] = None,
+) -> None:
+    """t-SNE of FedGMC's anchors, class means, templates and local structural manifolds at two rounds (Fig. 5)."""
+    import torch
+
+    from gfl_bench import plots
+
+    before, after = parse_ints(rounds_, "rounds")[:2] if "," in rounds_ else (None, None)
+    if before is None:
+        raise UserError("--at takes two rounds, e.g. 0,99")
+    overrides = parse_overrides(set_ or [], ["fedgmc"])["fedgmc"]
+    spec = make_spec("fedgmc", dataset, partition, clients, seed, overrides, rounds)
+    folder = snapshot_dir / spec.run_key
+    paths = [folder / f"round{r}.pt" for r in (before, after)]
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise UserError(
+            f"no snapshot {', '.join(missing)}; make it with `gflbench run -m fedgmc -d {dataset} --partition {partition} "
+            f"--clients {clients} --seeds {seed + 1} --snapshot-rounds {before},{after}`"
+        )
+    snaps = [torch.load(p) for p in paths]
+    title = f"FedGMC on {dataset_spec(dataset).title}, {clients} clients: rounds {before} and {after}"
+    _report_figure(plots.case_study(*snaps, title, out or FIGURES / f"case-study-{dataset}-{partition}-{clients}"))
+
+
+def _report_figure(paths: list[Path]) -> None:
+    if not paths:
+        raise UserError("no stored runs for this figure; run or sweep them first (same --set/--rounds)")
+    console.print("wrote " + ", ".join(str(p) for p in paths))
 
 
 @app.command()

@@ -81,13 +81,22 @@ class Selection:
     local_epochs: int | None = None
     expected_seeds: int = 10
 
-    def cell(self, method: str, dataset: str, scheme: str, clients: int, column: str = "test") -> Cell | None:
+    def runs_of(self, method: str, dataset: str, scheme: str, clients: int) -> pd.DataFrame:
+        """The stored runs (any status) of one cell under the selected configuration."""
         key = make_spec(method, dataset, scheme, clients, 0, self.overrides.get(method, {}), self.rounds, self.local_epochs).config_key
         runs = self.runs
         if runs.empty:
+            return runs
+        return runs[(runs["config_key"] == key) & (runs["method"] == method) & (runs["dataset"] == dataset)
+                    & (runs["scheme"] == scheme) & (runs["clients"] == clients)]  # fmt: skip
+
+    def run_keys(self, method: str, dataset: str, scheme: str, clients: int) -> list[str]:
+        return list(self.runs_of(method, dataset, scheme, clients)["run_key"]) if len(self.runs) else []
+
+    def cell(self, method: str, dataset: str, scheme: str, clients: int, column: str = "test") -> Cell | None:
+        chosen = self.runs_of(method, dataset, scheme, clients)
+        if chosen.empty:
             return None
-        chosen = runs[(runs["config_key"] == key) & (runs["method"] == method) & (runs["dataset"] == dataset)
-                      & (runs["scheme"] == scheme) & (runs["clients"] == clients)]  # fmt: skip
         ok = chosen[chosen["status"] == "ok"][column].dropna()
         failed = int((chosen["status"] == "failed").sum())
         if ok.empty and not failed:
