@@ -362,11 +362,7 @@ def table(
         check_scheme(partition)
     registered = all_methods()
     frame = _stored_runs(store) if numbers != [3] else None
-    stored = [m for m in (frame["method"].unique() if frame is not None else []) if m in registered]
-    methods = tables.method_order(split_list(method, "methods") if method else stored)
-    for m in methods:
-        if m not in registered:
-            raise UserError(f"unknown method {m!r}; choose from {', '.join(sorted(registered))}")
+    methods = _chosen_methods(method, frame, registered) if frame is not None else []
     rows = [m for m in methods if m not in tables.ABLATIONS]
     overrides = parse_overrides(set_ or [], list(registered))
     titles = {m: cls.title for m, cls in registered.items()}
@@ -416,6 +412,17 @@ def _table_numbers(number: str | None) -> list[int]:
     if not number.isdigit() or int(number) not in tables.ALL_TABLES:
         raise UserError(f"no table {number!r}; choose from 1-7 or all")
     return [int(number)]
+
+
+def _chosen_methods(method: str | None, frame, registered: dict) -> list[str]:
+    """The methods named on the command line (checked), else every registered method with stored runs, in paper order."""
+    from gfl_bench.tables import method_order
+
+    names = split_list(method, "methods") if method else [m for m in frame["method"].unique() if m in registered]
+    for m in names:
+        if m not in registered:
+            raise UserError(f"unknown method {m!r}; choose from {', '.join(sorted(registered))}")
+    return method_order(names)
 
 
 def _stored_runs(store: Path):
@@ -469,10 +476,7 @@ def compare(
             raise UserError(f"table {n} has no published numbers to compare; choose from 1, 2, 4, 5, 6, 7")
     registered = all_methods()
     frame = _stored_runs(store)
-    methods = split_list(method, "methods") if method else [m for m in frame["method"].unique() if m in registered]
-    for m in methods:
-        if m not in registered:
-            raise UserError(f"unknown method {m!r}; choose from {', '.join(sorted(registered))}")
+    methods = _chosen_methods(method, frame, registered)
     sel = tables.Selection(frame, parse_overrides(set_ or [], list(registered)), rounds, local_epochs)
     report = to_markdown(compare_cells(sel, methods, chosen), {m: cls.title for m, cls in registered.items()})
     if out is not None:
@@ -508,7 +512,7 @@ def plot_convergence(
     check_clients(partition, clients)
     registered = all_methods()
     frame = _stored_runs(store)
-    methods = tables.method_order(split_list(method, "methods") if method else [m for m in frame["method"].unique() if m in registered])
+    methods = _chosen_methods(method, frame, registered)
     sel = tables.Selection(frame, parse_overrides(set_ or [], list(registered)), rounds, local_epochs)
     target = out or FIGURES / f"convergence-{dataset}-{partition}-{clients}"
     with RunStore(store) as runs:
