@@ -5,7 +5,7 @@ Algorithm (paper §4 and Algorithm 1; official code zkhku/fedsage, `train_locSag
 `fedsage_plus.py`, `utils/mending_graph.py`). M clients, P = `num_pred`, d = feature dimension.
 
 Phase 1, NeighGen: all in round 0, as stages 0..2E of that round (E = `fed_gen_epochs`).
-  Stage 0 (local; nothing travels up). Client i hides a random `hidden_portion` of its validation
+  Stage 0 (nothing comes down). Client i hides a random `hidden_portion` of its validation
     nodes (the official code hides the nodes that are neither train nor test nodes; here those are
     the validation nodes) and keeps the impaired graph Ḡ_i. For every node of Ḡ_i the targets are
     n_v, its number of hidden neighbours, and the features of up to P of them.
@@ -16,15 +16,17 @@ Phase 1, NeighGen: all in round 0, as stages 0..2E of that round (E = `fed_gen_e
     steps of   λ_d·SmoothL1(ñ, n) + λ_f·L_f + λ_c·CE   on the training nodes, where the greedy
     feature loss L_f matches each generated slot p < k_v to its closest true hidden neighbour.
     Then fGen alone stays trainable (encoder, dGen and the auxiliary classifier are frozen, as in
-    official `FedSage_Plus`) and the client runs its first forward pass of the federated epochs.
-  Federated epochs, two exchanges each:
-    odd stage: client i uploads the generated vectors x̃ of the slots p < k_v of its training nodes;
-      the server relays them to every other client j; j returns the gradient of
-      Σ_slots min_{u ∈ V_j} ‖x̃ − x_u‖² / d   with respect to x̃ (paper: the cross-subgraph term).
-    even stage: the server sums client i's returned gradients and sends them to i, which steps on
-      (λ_d L_d + λ_f L_f + λ_c L_c + λ_f Σ_{j≠i} L_f^{(j)}) / M   (official `train_fedgen`), chaining
-      the relayed gradient through its own fGen, and runs the next forward pass (or, after the last
-      epoch, mends its graph).
+    official `FedSage_Plus`); the client runs the first forward pass of the federated epochs and
+    uploads its generated vectors (below).
+  Federated epochs e = 0..E-1, two exchanges each:
+    stage 2e+1: the server relays each client's generated vectors x̃ (those of the slots p < k_v of
+      its training nodes, uploaded in the stage before) to every other client j; j returns the
+      gradient of  Σ_slots min_{u ∈ V_j} ‖x̃ − x_u‖² / d  with respect to x̃ (the paper's
+      cross-subgraph term).
+    stage 2e+2: the server sums the gradients returned for client i and sends them to i, which steps
+      on (λ_d L_d + λ_f L_f + λ_c L_c + λ_f Σ_{j≠i} L_f^{(j)}) / M (official `train_fedgen`), chaining
+      the relayed gradient through its own fGen, and uploads the next epoch's vectors (after the
+      last epoch it mends its graph instead).
   Mending (after stage 2E): the trained NeighGen runs on the client's full local graph and attaches
     k_v generated neighbours to every node v. Generated nodes have no label (y = -1), no global id
     (-1) and are in no mask.
@@ -34,9 +36,9 @@ Phase 2, FedSage: from round 0's last stage on, every round is FedAvg of the Gra
 What crosses the wire in phase 1: generated feature vectors (never real features, labels or
 edges) and, back, gradients with respect to them. The gradient for one generated vector is
 2(x̃ − x_u*)/d with u* the nearest real node of the answering client, so it reveals that node's
-features to whoever knows x̃; the official system has the same exposure per node (its gradients are
-per-sample before the sender's backward pass), and it is what the paper's B.5 describes ("each
-client receives node representations from other clients and computes gradients ... sent back").
+features to whoever knows x̃. Any exchange of per-node gradients has this exposure; it is the
+exchange the FedGMC paper's B.5 describes ("each client receives node representations from other
+clients and computes gradients ... sent back"). The official code only simulates it in one process.
 Bytes are counted by the runner like any message.
 
 Choices where the official code and the paper part (docs/baselines/fedsage.md):
@@ -66,10 +68,10 @@ from torch_geometric.nn import SAGEConv
 from torch_geometric.utils import subgraph
 
 from baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
-from gfl_bench.backbones import GraphSAGE, backbone_class
+from gfl_bench.backbones import Backbone, GraphSAGE, backbone_class
 from gfl_bench.errors import UserError
 from gfl_bench.graph_ops import binary_adjacency
-from gfl_bench.method import Message, Method, Round, register
+from gfl_bench.method import Message, Method, MethodParams, Round, Setup, register
 
 
 @dataclass(frozen=True)
@@ -223,7 +225,7 @@ class FedSagePlusClient(FedAvgClient):
     """Phase 1: trains its NeighGen (locally, then fGen with the other clients' gradients) and mends
     its graph. Phase 2: a FedAvg client of the GraphSAGE classifier on the mended graph."""
 
-    def __init__(self, cid, graph, model, params, setup) -> None:
+    def __init__(self, cid: int, graph: Data, model: Backbone, params: MethodParams, setup: Setup) -> None:
         super().__init__(cid, graph, model, params, setup)
         self.pending: tuple[Tensor, Tensor] | None = None  # (own loss, uploaded vectors) awaiting the relayed gradient
         self.missing_degree: Tensor | None = None  # ñ of every local node at mending, kept for inspection
@@ -234,7 +236,8 @@ class FedSagePlusClient(FedAvgClient):
         if rnd.stage == 0:
             self.start_generator()
         elif rnd.stage % 2 == 1:
-            return {"gradients": {i: nearest_feature_gradient(g, self.graph.x) for i, g in message["generated"].items()}}
+            received = message["generated"].items()
+            return {"gradients": {i: nearest_feature_gradient(g, self.graph.x) for i, g in received}}
         else:
             self.generator_step(message["gradient"])
         if rnd.stage == generator_stages(self.params) - 1:
@@ -258,7 +261,8 @@ class FedSagePlusClient(FedAvgClient):
                 optimizer.step()
         modules.requires_grad_(False)
         self.neighgen.fgen.requires_grad_(True)
-        self.gen_optimizer = torch.optim.Adam(self.neighgen.fgen.parameters(), lr=p.gen_lr, weight_decay=p.gen_weight_decay)
+        fgen = self.neighgen.fgen.parameters()
+        self.gen_optimizer = torch.optim.Adam(fgen, lr=p.gen_lr, weight_decay=p.gen_weight_decay)
 
     def generator_loss(self) -> tuple[Tensor, Tensor]:
         """λ_d L_d + λ_f L_f + λ_c L_c on Ḡ_i, and the generated vectors of the training nodes' slots."""
@@ -349,10 +353,9 @@ class FedSagePlusServer(FedAvgServer):
             return {cid: {} for cid in client_ids}
         if rnd.stage % 2 == 1:  # each client's vectors to every other client
             return {j: {"generated": {str(i): g for i, g in self.generated.items() if i != j}} for j in client_ids}
-        return {  # each client's returned gradients, summed over the answering clients
-            i: {"gradient": sum((self.gradients[j][str(i)] for j in client_ids if j != i), torch.zeros_like(self.generated[i]))}
-            for i in client_ids
-        }
+        returned = {i: [self.gradients[j][str(i)] for j in client_ids if j != i] for i in client_ids}
+        # each client's returned gradients, summed over the answering clients
+        return {i: {"gradient": sum(grads, torch.zeros_like(self.generated[i]))} for i, grads in returned.items()}
 
     def aggregate(self, rnd: Round, uploads: Mapping[int, Message]) -> None:
         if rnd.index > 0 or rnd.stage >= generator_stages(self.params):
@@ -367,7 +370,7 @@ class FedSagePlusServer(FedAvgServer):
 class FedSagePlus(Method):
     name = "fedsage+"
     title = "FedSage+"
-    summary = "NeighGen trained across clients (generated vectors out, gradients back), then FedAvg of GraphSAGE on mended graphs"
+    summary = "NeighGen trained across clients (generated vectors out, gradients back); FedAvg on mended graphs"
     Params = FedSagePlusParams
     client = FedSagePlusClient
     server = FedSagePlusServer
