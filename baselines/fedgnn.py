@@ -51,11 +51,13 @@ import numpy as np
 import torch
 from torch import Tensor
 from torch.nn import functional as F
+from torch_geometric.data import Data
 
 from baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
+from gfl_bench.backbones import Backbone
 from gfl_bench.errors import UserError
 from gfl_bench.graph_ops import gcn_adjacency
-from gfl_bench.method import Message, Method, Round, register
+from gfl_bench.method import Message, Method, MethodParams, Round, Setup, register
 
 MATCHING = Round(0, 0)  # the exchange in which clients upload node hashes and the server matches them
 
@@ -86,7 +88,9 @@ def node_hashes(global_id: Tensor, edge_index: Tensor, key: bytes) -> dict[str, 
             neighbours[r].add(int(gid[c]))
     return {
         "id_hash": keyed_hashes([b"id" + int(g).to_bytes(8, "little") for g in gid], key),
-        "neighbour_hash": keyed_hashes([b"nb" + np.array(sorted(s), dtype=np.int64).tobytes() for s in neighbours], key),
+        "neighbour_hash": keyed_hashes(
+            [b"nb" + np.array(sorted(s), dtype=np.int64).tobytes() for s in neighbours], key
+        ),
         "has_neighbours": torch.tensor([bool(s) for s in neighbours]),
     }
 
@@ -110,7 +114,7 @@ def match_nodes(uploads: Mapping[int, Message]) -> set[tuple[int, int, int, int]
 class FedGNNClient(FedAvgClient):
     """A FedAvg client whose GCN reads received remote embeddings as extra second-layer neighbours."""
 
-    def __init__(self, cid, graph, model, params, setup) -> None:
+    def __init__(self, cid: int, graph: Data, model: Backbone, params: MethodParams, setup: Setup) -> None:
         super().__init__(cid, graph, model, params, setup)
         self.remote: Tensor | None = None  # [R, hidden] embeddings of remote partners, row k attached to anchors[k]
         self.anchors: Tensor | None = None
@@ -118,7 +122,7 @@ class FedGNNClient(FedAvgClient):
 
     def hashes(self) -> Message:
         # the clients' common secret (official FedGNN: item-id encryption key); from the run seed for reproducibility
-        key = hashlib.sha256(f"fedgnn-clients-{self.setup.seed}".encode()).digest()[:32]
+        key = hashlib.sha256(f"fedgnn-clients-{self.setup.seed}".encode()).digest()
         return node_hashes(self.graph.global_id, self.graph.edge_index, key)
 
     def expand(self, anchors: Tensor, remote: Tensor) -> None:
@@ -171,12 +175,12 @@ class FedGNNClient(FedAvgClient):
 class FedGNNServer(FedAvgServer):
     """FedAvg plus the matching service: pairs nodes by hash once, then routes embeddings every round."""
 
-    def __init__(self, model, params: FedGNNParams, setup) -> None:
+    def __init__(self, model: Backbone, params: FedGNNParams, setup: Setup) -> None:
         super().__init__(model, params, setup)
         self.share: dict[int, Tensor] = {}  # per client: its local nodes whose embeddings others need
         self.anchors: dict[int, Tensor] = {}  # per client: local anchor of each remote row it receives
-        self.sources: dict[int, list[tuple[int, int]]] = {}  # per client: (owner, row in owner's upload) per remote row
-        self.embeddings: dict[int, Tensor] | None = None  # last uploaded embeddings, per owner
+        self.sources: dict[int, Tensor] = {}  # per client: row of each remote embedding in the uploads' concatenation
+        self.embeddings: Tensor | None = None  # last uploaded embeddings, concatenated in client order
 
     def stages(self, rnd_index: int) -> int:
         return 2 if rnd_index == 0 else 1  # round 0 starts with the matching exchange
@@ -187,13 +191,14 @@ class FedGNNServer(FedAvgServer):
         messages = super().configure(rnd, client_ids)
         device = self.setup.device
         for cid in client_ids:
-            routed = self.embeddings is not None and bool(self.sources[cid])
-            rows = [self.embeddings[o][k] for o, k in self.sources[cid]] if routed else []
+            routed = self.embeddings is not None
             messages[cid] = {
                 **messages[cid],
                 "share": self.share[cid],
                 "anchors": self.anchors[cid] if routed else torch.zeros(0, dtype=torch.long, device=device),
-                "remote": torch.stack(rows) if rows else torch.zeros(0, self.params.hidden, device=device),
+                "remote": (
+                    self.embeddings[self.sources[cid]] if routed else torch.zeros(0, self.params.hidden, device=device)
+                ),
             }
         return messages
 
@@ -202,18 +207,22 @@ class FedGNNServer(FedAvgServer):
             self.route(match_nodes(uploads), list(uploads))
             return
         super().aggregate(rnd, uploads)
-        self.embeddings = {cid: u["embeddings"] for cid, u in uploads.items()}
+        self.embeddings = torch.cat([uploads[cid]["embeddings"] for cid in sorted(uploads)])
 
     def route(self, pairs: set[tuple[int, int, int, int]], client_ids: list[int]) -> None:
         """Which nodes each client shares, and where each shared row goes."""
         device = self.setup.device
-        requested: dict[int, list[int]] = {cid: sorted({u for _, _, c2, u in pairs if c2 == cid}) for cid in client_ids}
-        position = {(cid, u): k for cid, nodes in requested.items() for k, u in enumerate(nodes)}
+        requested = {cid: sorted({u for _, _, c2, u in pairs if c2 == cid}) for cid in sorted(client_ids)}
+        row, start = {}, 0  # row of (owner, node) once the owners' uploads are concatenated in client order
+        for cid, nodes in requested.items():
+            row.update({(cid, u): start + k for k, u in enumerate(nodes)})
+            start += len(nodes)
         for cid in client_ids:
             mine = sorted(p for p in pairs if p[0] == cid)
             self.share[cid] = torch.tensor(requested[cid], dtype=torch.long, device=device)
             self.anchors[cid] = torch.tensor([v for _, v, _, _ in mine], dtype=torch.long, device=device)
-            self.sources[cid] = [(c2, position[(c2, u)]) for _, _, c2, u in mine]
+            rows = [row[(c2, u)] for _, _, c2, u in mine]
+            self.sources[cid] = torch.tensor(rows, dtype=torch.long, device=device)
 
     def diagnostics(self) -> dict[str, float]:
         """How much matching happened: remote partners attached, local nodes expanded, embeddings shared."""
@@ -228,7 +237,7 @@ class FedGNNServer(FedAvgServer):
 class FedGNN(Method):
     name = "fedgnn"
     title = "FedGNN"
-    summary = "FedAvg weights; embeddings of nodes matched across clients (same id / same neighbours) expand local graphs"
+    summary = "FedAvg; embeddings of nodes matched across clients (same id or neighbours) expand local graphs"
     Params = FedGNNParams
     client = FedGNNClient
     server = FedGNNServer
