@@ -49,6 +49,14 @@ SetOption = Annotated[
     Optional[list[str]],
     typer.Option("--set", help="Hyperparameter override method.key=value (or key=value for all); repeatable."),
 ]
+SelectionOption = Annotated[
+    str,
+    typer.Option(
+        "--selection",
+        help="global: each run's test value at its best client-mean validation round (FED-PUB, default); "
+        "per-client: each client at its own best validation round (FedICI's code). docs/protocol.md.",
+    ),
+]
 RoundsOption = Annotated[Optional[int], typer.Option("--rounds", help="Override the dataset's round count.")]
 EpochsOption = Annotated[
     Optional[int], typer.Option("--local-epochs", help="Override the dataset's local epochs per round.")
@@ -344,6 +352,7 @@ def table(
     ] = None,
     partition: Annotated[str, typer.Option("--partition", "--scheme", help="Scheme of a custom table.")] = "metis",
     seeds: Annotated[int, typer.Option(help="Seeds a full cell has; fewer are marked (n=k).")] = 10,
+    selection: SelectionOption = "global",
     set_: SetOption = None,
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,
@@ -354,6 +363,7 @@ def table(
     from gfl_bench import tables
 
     tables.check_format(fmt)
+    tables.check_rule(selection)
     numbers = _table_numbers(number)
     chosen_datasets = split_list(dataset, "datasets") if dataset else None
     for d in chosen_datasets or []:
@@ -367,7 +377,7 @@ def table(
     overrides = parse_overrides(set_ or [], list(registered))
     titles = {m: cls.title for m, cls in registered.items()}
     if frame is not None:
-        sel = tables.Selection(frame, overrides, rounds, local_epochs, seeds)
+        sel = tables.Selection(frame, overrides, rounds, local_epochs, seeds, selection)
     rendered = []
     for n in numbers if not (number is None and chosen_datasets) else [0]:
         if n == 0:
@@ -383,6 +393,8 @@ def table(
             blocks, caption = tables.results_table(n, sel, rows, titles, chosen_datasets), tables.CAPTIONS[n]
         if number is None and not any((b.values.notna().any().any() or (b.text == "failed").any().any()) for b in blocks):
             continue
+        if selection != "global" and n not in (3, 7):
+            caption = caption.rstrip(".") + f". Selection: {selection} best validation round."
         rendered.append(tables.render(blocks, caption, fmt))
     if not rendered:
         hint = " (pass the same --set/--rounds/--local-epochs as to `gflbench run`)" if frame is not None and len(frame) else ""
@@ -461,6 +473,7 @@ def compare(
     tables_: Annotated[str, typer.Option("--tables", help="Paper tables to compare, comma-separated.")] = "1,2,4,5,6,7",
     method: Annotated[Optional[str], typer.Option("--method", "-m", help="Methods; default every stored one.")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write the Markdown report to this file.")] = None,
+    selection: SelectionOption = "global",
     set_: SetOption = None,
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,
@@ -470,6 +483,7 @@ def compare(
     from gfl_bench import tables
     from gfl_bench.compare import COMPARABLE_TABLES, compare as compare_cells, to_markdown
 
+    tables.check_rule(selection)
     chosen = parse_ints(tables_, "tables")
     for n in chosen:
         if n not in COMPARABLE_TABLES:
@@ -477,8 +491,8 @@ def compare(
     registered = all_methods()
     frame = _stored_runs(store)
     methods = _chosen_methods(method, frame, registered)
-    sel = tables.Selection(frame, parse_overrides(set_ or [], list(registered)), rounds, local_epochs)
-    report = to_markdown(compare_cells(sel, methods, chosen), {m: cls.title for m, cls in registered.items()})
+    sel = tables.Selection(frame, parse_overrides(set_ or [], list(registered)), rounds, local_epochs, rule=selection)
+    report = to_markdown(compare_cells(sel, methods, chosen), {m: cls.title for m, cls in registered.items()}, selection)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(report)

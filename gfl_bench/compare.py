@@ -89,8 +89,8 @@ def _ranking(cells: pd.DataFrame) -> tuple[pd.DataFrame, bool | None]:
     return ranking, ranking["method"].iloc[0] == "fedgmc"
 
 
-def to_markdown(result: Comparison, titles: dict[str, str]) -> str:
-    lines = ["## Cells", ""]
+def to_markdown(result: Comparison, titles: dict[str, str], rule: str = "global") -> str:
+    lines = [f"Selection rule for our values: {rule} best validation round (docs/protocol.md).", "", "## Cells", ""]
     if result.cells.empty:
         return "No stored run matches a published cell.\n"
     shown = result.cells.copy()

@@ -11,6 +11,7 @@ synchronised and evaluation excluded. All data and models stay on one device for
 from __future__ import annotations
 
 import copy
+import math
 import os
 import random
 import time
@@ -175,6 +176,7 @@ def run(
     test_counts = torch.tensor([float(g.test_mask.sum()) for g in graphs], device=device)
 
     curves: dict[str, list[float]] = {k: [] for k in ("val", "test", "val_weighted", "test_weighted")}
+    client_curves: dict[str, list[list[float]]] = {"val": [], "test": []}
     seconds: list[float] = []
     bytes_up: list[int] = []
     bytes_down: list[int] = []
@@ -203,9 +205,14 @@ def run(
             _save_snapshot(server.snapshot(), Path(snapshot_dir) / spec.run_key / f"round{index}.pt")
 
         val, test, finite = _evaluate(clients, metric)
-        *summary, all_finite = torch.stack(
-            [_nanmean(val), _nanmean(test), _nanmean(val, val_counts), _nanmean(test, test_counts), finite]
+        *summary, all_finite = torch.cat(
+            [torch.stack([_nanmean(val), _nanmean(test), _nanmean(val, val_counts), _nanmean(test, test_counts)]),
+             val, test, finite.reshape(1)]
         ).tolist()  # the one host sync per round
+        per_client = len(clients)
+        client_curves["val"].append(summary[4 : 4 + per_client])
+        client_curves["test"].append(summary[4 + per_client :])
+        summary = summary[:4]
         if not all_finite:
             raise RunFailed(f"non-finite predictions at round {index} (diverged training: NaN or inf)")
         for key, value in zip(curves, summary):
@@ -214,6 +221,7 @@ def run(
             on_round(index, summary[0], summary[1])
 
     best = best_round(curves["val"])
+    val_client_best, test_client_best = per_client_best(client_curves["val"], client_curves["test"])
     return {
         **_identity(spec),
         "metric": data.metric,
@@ -223,7 +231,10 @@ def run(
         "test": curves["test"][best],
         "val_weighted": curves["val_weighted"][best],
         "test_weighted": curves["test_weighted"][best],
+        "val_client_best": val_client_best,
+        "test_client_best": test_client_best,
         "curves": curves,
+        "client_curves": client_curves,
         "seconds_per_round": seconds,
         "bytes_up": bytes_up,
         "bytes_down": bytes_down,
@@ -266,6 +277,29 @@ def best_round(val_curve: list[float]) -> int:
     """The first round with the highest client-mean validation value (NaN rounds never win)."""
     values = np.array(val_curve, dtype=float)
     return 0 if np.isnan(values).all() else int(np.nanargmax(values))
+
+
+def per_client_best(val: list[list[float]], test: list[list[float]]) -> tuple[float, float]:
+    """Client-mean validation and test values when each client keeps its own best-validation round.
+
+    The alternative selection rule of FedICI's released code (docs/protocol.md, "Selection rules"):
+    client c contributes test[r_c][c] at r_c = its first round with the highest validation value.
+    Clients whose validation value is undefined in every round, or whose test value is undefined at
+    r_c, are left out of the mean, as in the per-round client mean.
+    """
+    val_matrix, test_matrix = np.array(val, dtype=float), np.array(test, dtype=float)
+    chosen_val, chosen_test = [], []
+    for column in range(val_matrix.shape[1]):
+        if np.isnan(val_matrix[:, column]).all():
+            continue
+        best = int(np.nanargmax(val_matrix[:, column]))
+        chosen_val.append(val_matrix[best, column])
+        chosen_test.append(test_matrix[best, column])
+    finite_val, finite_test = np.array(chosen_val), np.array(chosen_test)
+    finite_test = finite_test[~np.isnan(finite_test)]
+    mean_val = float(finite_val.mean()) if finite_val.size else math.nan
+    mean_test = float(finite_test.mean()) if finite_test.size else math.nan
+    return mean_val, mean_test
 
 
 def _save_snapshot(state: dict, path: Path) -> None:

@@ -23,8 +23,11 @@ DEFAULT_STORE = Path("results") / "runs.sqlite"
 _COLUMNS = (
     "run_key", "config_key", "method", "dataset", "scheme", "clients", "data_seed", "seed",
     "metric", "status", "best_round", "val", "test", "val_weighted", "test_weighted",
-    "seconds_per_round", "finished_at",
+    "val_client_best", "test_client_best", "seconds_per_round", "finished_at",
 )  # fmt: skip
+
+# Columns added after the first stores were written: opened stores gain them (NULL for older runs).
+_ADDED_COLUMNS = {"val_client_best": "REAL", "test_client_best": "REAL"}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -43,6 +46,8 @@ CREATE TABLE IF NOT EXISTS runs (
     test REAL,
     val_weighted REAL,
     test_weighted REAL,
+    val_client_best REAL,
+    test_client_best REAL,
     seconds_per_round REAL,
     finished_at REAL NOT NULL,
     record TEXT NOT NULL
@@ -62,8 +67,17 @@ class RunStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
+            self._add_missing_columns()
         except (OSError, sqlite3.DatabaseError) as error:
             raise UserError(f"cannot open the run store {self.path}: {error}") from None
+
+    def _add_missing_columns(self) -> None:
+        """Bring a store written by an older gflbench up to the current columns, in one transaction."""
+        present = {row[1] for row in self._db.execute("PRAGMA table_info(runs)")}
+        with self._db:
+            for name, kind in _ADDED_COLUMNS.items():
+                if name not in present:
+                    self._db.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
 
     def close(self) -> None:
         self._db.close()

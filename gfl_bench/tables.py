@@ -39,6 +39,10 @@ SETTINGS = (("metis", 5), ("metis", 10), ("metis", 20), ("overlap", 10), ("overl
 CLIENTS = {"metis": (5, 10, 20), "overlap": (10, 30, 50)}
 TIME_DATASETS = ("cora", "roman-empire")
 FORMATS = ("terminal", "markdown", "latex", "csv")
+# How a run's reported value is chosen (docs/protocol.md, "Selection rules"): "global" = the test value
+# at the run's best client-mean validation round (FED-PUB, the default); "per-client" = each client's
+# test value at its own best validation round, then the client mean (FedICI's released code).
+SELECTION_RULES = {"global": "", "per-client": "_client_best"}
 
 _HETERO_METRICS = "Accuracy (%) for Roman-empire and Amazon-ratings, ROC-AUC (%) for Minesweeper, Tolokers and Questions."
 CAPTIONS = {
@@ -80,6 +84,7 @@ class Selection:
     rounds: int | None = None
     local_epochs: int | None = None
     expected_seeds: int = 10
+    rule: str = "global"
 
     def runs_of(self, method: str, dataset: str, scheme: str, clients: int) -> pd.DataFrame:
         """The stored runs (any status) of one cell under the selected configuration."""
@@ -97,11 +102,15 @@ class Selection:
         chosen = self.runs_of(method, dataset, scheme, clients)
         if chosen.empty:
             return None
+        if column in ("test", "val"):
+            column += SELECTION_RULES[self.rule]
+        if column not in chosen:  # a store written before the column existed
+            return None
         ok = chosen[chosen["status"] == "ok"][column].dropna()
         failed = int((chosen["status"] == "failed").sum())
         if ok.empty and not failed:
             return None
-        scale = 100.0 if column in ("test", "val") else 1.0
+        scale = 1.0 if column == "seconds_per_round" else 100.0
         if ok.empty:
             return Cell(math.nan, math.nan, 0, failed)
         return Cell(float(ok.mean()) * scale, float(ok.std(ddof=0)) * scale, len(ok), failed)
@@ -275,6 +284,11 @@ def _terminal(blocks: Sequence[Block], caption: str):
             t.add_row(str(name), *row.tolist())
         tables.append(t)
     return Group(*tables)
+
+
+def check_rule(rule: str) -> None:
+    if rule not in SELECTION_RULES:
+        raise UserError(f"unknown selection rule {rule!r}; choose from {', '.join(SELECTION_RULES)}")
 
 
 def check_format(fmt: str) -> None:

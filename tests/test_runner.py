@@ -10,7 +10,7 @@ from sklearn.metrics import roc_auc_score
 
 from gfl_bench.datasets import DATASETS
 from gfl_bench.metrics import accuracy, roc_auc
-from gfl_bench.runner import best_round, resolve_device, run
+from gfl_bench.runner import best_round, per_client_best, resolve_device, run
 from gfl_bench.errors import UserError
 from gfl_bench.spec import make_spec
 
@@ -21,6 +21,16 @@ def test_best_round_is_first_maximum_of_validation():
     assert best_round([math.nan, math.nan]) == 0
 
 
+def test_per_client_rule_takes_each_clients_own_best_validation_round():
+    nan = math.nan
+    val = [[0.5, 0.1, nan], [0.9, 0.3, nan], [0.9, 0.2, nan]]  # rounds x clients; client 2 never defined
+    test = [[0.4, 0.6, 0.5], [0.7, 0.8, 0.5], [0.1, 0.0, 0.5]]
+    mean_val, mean_test = per_client_best(val, test)
+    assert mean_val == pytest.approx((0.9 + 0.3) / 2)
+    assert mean_test == pytest.approx((0.7 + 0.8) / 2)  # first maximum: round 1 for client 0, not round 2
+    assert math.isnan(per_client_best([[nan]], [[0.3]])[1])
+
+
 def test_record_reports_test_at_best_validation_round(tiny_federation, cpu):
     spec = make_spec("fedavg", "tiny", "metis", 5, 0, rounds=8)
     record = run(spec, tiny_federation, cpu)
@@ -28,6 +38,13 @@ def test_record_reports_test_at_best_validation_round(tiny_federation, cpu):
     assert record["val"] == max(record["curves"]["val"])
     assert record["test"] == record["curves"]["test"][best]
     assert record["val_weighted"] == record["curves"]["val_weighted"][best]
+    per_client_test = record["client_curves"]["test"]
+    assert len(per_client_test) == 8 and all(len(r) == 5 for r in per_client_test)
+    assert record["test"] == pytest.approx(sum(per_client_test[best]) / 5)
+    assert (record["val_client_best"], record["test_client_best"]) == per_client_best(
+        record["client_curves"]["val"], per_client_test
+    )
+    assert record["val_client_best"] >= record["val"] - 1e-6  # float32 client mean; each client's own best cannot be worse on validation
     assert len(record["seconds_per_round"]) == 8 and all(s > 0 for s in record["seconds_per_round"])
     assert record["config"]["params"]["backbone"] == "h2gcn"
     assert record["partition_hash"] == tiny_federation.partition.digest()

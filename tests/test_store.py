@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from gfl_bench.store import RunStore
@@ -33,6 +35,27 @@ def test_put_is_idempotent_unless_replaced(tmp_path):
         store.put(_record("a", 0.9), replace=True)
         assert len(store) == 1 and store.record("a")["test"] == 0.9
         assert store.frame()["seconds_per_round"].tolist() == [pytest.approx(0.2)]
+
+
+def test_store_written_before_the_client_best_columns_gains_them(tmp_path):
+    path = tmp_path / "old.sqlite"
+    old = sqlite3.connect(path)
+    old.executescript(
+        "CREATE TABLE runs (run_key TEXT PRIMARY KEY, config_key TEXT NOT NULL, method TEXT NOT NULL,"
+        " dataset TEXT NOT NULL, scheme TEXT NOT NULL, clients INTEGER NOT NULL, data_seed INTEGER NOT NULL,"
+        " seed INTEGER NOT NULL, metric TEXT NOT NULL, status TEXT NOT NULL, best_round INTEGER, val REAL,"
+        " test REAL, val_weighted REAL, test_weighted REAL, seconds_per_round REAL, finished_at REAL NOT NULL,"
+        " record TEXT NOT NULL);"
+        "INSERT INTO runs VALUES ('old', 'c', 'fedavg', 'tiny', 'metis', 5, 1234, 0, 'accuracy', 'ok', 0,"
+        " 0.5, 0.4, 0.5, 0.4, 0.1, 0.0, '{}');"
+    )
+    old.commit()
+    old.close()
+    with RunStore(path) as store:
+        store.put({**_record("new"), "val_client_best": 0.6, "test_client_best": 0.55})
+        frame = store.frame().set_index("run_key")
+    assert frame.loc["old", "test"] == 0.4 and pd.isna(frame.loc["old", "test_client_best"])
+    assert frame.loc["new", "test_client_best"] == 0.55
 
 
 def _gflbench(args: list[str], store: Path, tmp_path: Path) -> subprocess.Popen:

@@ -30,7 +30,8 @@ def _record(method: str, dataset: str, scheme: str, clients: int, seed: int, sta
         "seconds_per_round": [0.1 * (1 + METHODS.index(method)) + 0.01 * clients + 0.001 * seed],
     }  # fmt: skip
     if status == "ok":
-        record.update(best_round=3, val=base, test=base, val_weighted=base, test_weighted=base)
+        record.update(best_round=3, val=base, test=base, val_weighted=base, test_weighted=base,
+                      val_client_best=base + 0.01, test_client_best=base + 0.02)  # fmt: skip
     else:
         record["error"] = "RunFailed: non-finite predictions at round 7"
     return record
@@ -77,3 +78,17 @@ def test_table_marks_failed_and_short_cells(store):
     assert rows["FedProx"][3] == "failed"  # Cora, 20 clients
     assert rows["FedPer"][2].endswith("(n=2)")  # Cora, 10 clients: two of three seeds
     assert rows["Local"][1] == "51.20±0.16"  # 0.51 + {0, 0.002, 0.004}: mean 51.20 %, population std 0.16
+
+
+def test_per_client_selection_reads_the_client_best_columns(store):
+    args = ["table", "1", "-d", "cora", "-f", "csv", "--store", str(store), "--seeds", "3", "--selection", "per-client"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = {line.split(",")[0]: line.split(",") for line in result.stdout.splitlines()}
+    assert rows["Local"][1] == "53.20±0.16"  # the fixture's client-best test value is 2 points above `test`
+    assert "Selection: per-client" in result.stdout
+
+
+def test_unknown_selection_rule_is_one_line(store):
+    result = CliRunner().invoke(app, ["table", "1", "--store", str(store), "--selection", "oracle"])
+    assert result.exit_code == 2 and "unknown selection rule 'oracle'" in result.output
