@@ -29,6 +29,7 @@ SENSITIVITY: dict[str, tuple] = {
 }
 SENSITIVITY_DATASETS = ("amazon-computer", "cora", "roman-empire")  # Fig. 4, 8, 9 (non-overlapping, 10 clients)
 SENSITIVITY_SYMBOLS = {"Q": "$Q$", "B": "$B$", "tau": r"$\tau$", "eta": r"$\eta$"}
+SENSITIVITY_MIN_RANGE = 4.0  # percentage points
 
 
 def _save(fig: plt.Figure, out: Path) -> list[Path]:
@@ -76,8 +77,9 @@ def convergence(
 
 def sensitivity(sel: Selection, dataset: str, scheme: str, clients: int, out: Path) -> list[Path]:
     """FedGMC's test metric with std bars as each of Q, B, tau, eta varies and the others keep their defaults."""
-    fig, axes = plt.subplots(1, len(SENSITIVITY), figsize=(4 * len(SENSITIVITY), 3.2))
+    fig, axes = plt.subplots(1, len(SENSITIVITY), figsize=(4 * len(SENSITIVITY), 3.2), sharey=True)
     drawn = 0
+    extent: list[float] = []
     for ax, (name, values) in zip(axes, SENSITIVITY.items()):
         xs, means, stds = [], [], []
         for value in values:
@@ -91,6 +93,7 @@ def sensitivity(sel: Selection, dataset: str, scheme: str, clients: int, out: Pa
         if xs:
             positions = [values.index(x) for x in xs]
             ax.errorbar(positions, means, yerr=stds, marker="o", capsize=3)
+            extent += [m - d for m, d in zip(means, stds)] + [m + d for m, d in zip(means, stds)]
             drawn += 1
         ax.set_xticks(range(len(values)), [str(v) for v in values])
         ax.set_xlabel(SENSITIVITY_SYMBOLS[name])
@@ -99,7 +102,11 @@ def sensitivity(sel: Selection, dataset: str, scheme: str, clients: int, out: Pa
     if not drawn:
         plt.close(fig)
         return []
-    fig.suptitle(f"FedGMC sensitivity, {dataset_spec(dataset).title}, {clients} clients")
+    # One y-range for all panels, at least SENSITIVITY_MIN_RANGE points tall, so that noise-sized
+    # differences are not blown up to the full height of a panel.
+    middle, half = (max(extent) + min(extent)) / 2, max(max(extent) - min(extent), SENSITIVITY_MIN_RANGE) / 2 * 1.1
+    axes[0].set_ylim(middle - half, middle + half)
+    fig.suptitle(f"FedGMC sensitivity, {dataset_spec(dataset).title}, {clients} clients (mean ± std over seeds)")
     fig.tight_layout()
     return _save(fig, out)
 
