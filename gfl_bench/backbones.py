@@ -92,7 +92,7 @@ class GraphSAGE(Backbone):
 class H2GCNRepresentations:
     """H2GCN's intermediate representations, which FedGMC calibrates."""
 
-    ego: Tensor  # r0 = ReLU(X W_ego), structure-free
+    ego: Tensor  # r0 = σ(X W_ego), structure-free (σ = ReLU unless a variant says otherwise)
     hop1: Tensor  # normalised 1-hop aggregation of ego embeddings
     hop2: Tensor  # normalised strict 2-hop aggregation of ego embeddings
     combined: Tensor  # [r0 || r1 || r2], the classifier's input
@@ -103,8 +103,13 @@ class H2GCN(Backbone):
 
     Ego and neighbour embeddings are kept apart: r1 = [A1 r0 || A2 r0], r2 = [A1 r1 || A2 r1] with
     the 1-hop and strict 2-hop operators A1, A2, and the classifier reads [r0 || r1 || r2]. Dense
-    layers have no bias, as in the official code.
+    layers have no bias, as in the official code. The ego activation is ReLU (the official `R`);
+    the registered variants `h2gcn-tanh` and `h2gcn-elu` swap it, because FedGMC's paper only says
+    "a non-linear activation" and ReLU's non-negative embeddings cannot reach its anchors
+    (docs/fedgmc.md, "Ego activation").
     """
+
+    activation: ClassVar[str] = "relu"
 
     def __init__(self, in_dim: int, hidden: int, num_classes: int, dropout: float) -> None:
         super().__init__(in_dim, hidden, num_classes, dropout)
@@ -117,7 +122,7 @@ class H2GCN(Backbone):
             graph.hop1_adj, graph.hop2_adj = h2gcn_adjacencies(graph.edge_index, graph.num_nodes)
 
     def representations(self, graph: Data) -> H2GCNRepresentations:
-        ego = F.relu(self.ego(graph.x))
+        ego = EGO_ACTIVATIONS[self.activation](self.ego(graph.x))
         hop1 = torch.sparse.mm(graph.hop1_adj, ego)
         hop2 = torch.sparse.mm(graph.hop2_adj, ego)
         r1 = torch.cat([hop1, hop2], dim=1)
@@ -132,7 +137,16 @@ class H2GCN(Backbone):
         return self.classifier(h)
 
 
-BACKBONES: dict[str, type[Backbone]] = {"gcn": GCN, "sage": GraphSAGE, "h2gcn": H2GCN}
+EGO_ACTIVATIONS = {"relu": F.relu, "tanh": torch.tanh, "elu": F.elu}
+
+
+def _h2gcn_with(activation: str) -> type[H2GCN]:
+    return type(f"H2GCN_{activation}", (H2GCN,), {"activation": activation, "__doc__": f"H2GCN, ego activation {activation}."})
+
+
+BACKBONES: dict[str, type[Backbone]] = {
+    "gcn": GCN, "sage": GraphSAGE, "h2gcn": H2GCN, "h2gcn-tanh": _h2gcn_with("tanh"), "h2gcn-elu": _h2gcn_with("elu"),
+}  # fmt: skip
 
 
 def register_backbone(name: str, backbone: type[Backbone]) -> type[Backbone]:

@@ -43,7 +43,7 @@ from torch.nn import functional as F
 from torch_geometric.data import Data
 
 from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
-from gfl_bench.backbones import H2GCN, H2GCNRepresentations
+from gfl_bench.backbones import BACKBONES, H2GCN, H2GCNRepresentations, backbone_class
 from gfl_bench.errors import UserError
 from gfl_bench.method import Message, Method, MethodParams, Round, Server, Setup, register
 from gfl_bench.training import TrainingClient
@@ -57,7 +57,7 @@ class FedGMCParams(MethodParams):
     """FedGMC's hyperparameters. Q, B, tau, eta are the four of the paper's sensitivity study (Fig. 4,
     8, 9), whose values the text does not give; the defaults are ours (docs/fedgmc.md)."""
 
-    backbone: str = "h2gcn"  # paper B.6; the calibrations read H2GCN's ego and hop embeddings
+    backbone: str = "h2gcn"  # paper B.6; the calibrations read H2GCN's ego and hop embeddings (h2gcn-tanh/-elu: σ)
     share: str = "backbone"  # weights averaged besides the manifolds: "all", "backbone" (head local), "none"
     lr: float = 0.05  # chosen by validation over {0.01, 0.05} (docs/fedgmc.md)
     Q: int = 10  # global structural templates
@@ -74,9 +74,10 @@ class FedGMCParams(MethodParams):
     refine: bool = True  # server-side manifold refinement (off: "w/o Refinement")
 
     def __post_init__(self) -> None:
-        if self.backbone != "h2gcn":
+        if not issubclass(backbone_class(self.backbone), H2GCN):
+            h2gcns = ", ".join(name for name, cls in BACKBONES.items() if issubclass(cls, H2GCN))
             raise UserError(
-                f"FedGMC calibrates H2GCN's ego and hop embeddings: backbone must be h2gcn, not {self.backbone!r}"
+                f"FedGMC calibrates H2GCN's ego and hop embeddings: backbone must be one of {h2gcns}, not {self.backbone!r}"
             )
         if self.share not in SHARES:
             raise UserError(f"share must be one of {', '.join(SHARES)}, got {self.share!r}")

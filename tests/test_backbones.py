@@ -38,6 +38,20 @@ def test_h2gcn_representations_and_head():
     assert model(graph).shape == (6, 3) and H2GCN.head == "classifier"
 
 
+@pytest.mark.parametrize(("name", "activation"), [("h2gcn-tanh", torch.tanh), ("h2gcn-elu", torch.nn.functional.elu)])
+def test_h2gcn_variants_change_only_the_ego_activation(name, activation):
+    graph = _path_graph(6)
+    H2GCN.prepare(graph)
+    torch.manual_seed(0)
+    variant = BACKBONES[name](6, 8, 3, 0.0)
+    reps = variant.representations(graph)
+    assert torch.equal(reps.ego, activation(variant.ego(graph.x)))
+    assert (reps.ego < 0).any()  # signed, unlike ReLU's
+    plain = H2GCN(6, 8, 3, 0.0)
+    plain.load_state_dict(variant.state_dict())  # same parameters, so weights average across both
+    assert torch.equal(plain.representations(graph).ego, torch.relu(variant.ego(graph.x)))
+
+
 @pytest.mark.parametrize("name", sorted(BACKBONES))
 def test_every_backbone_classifies_every_node(name):
     graph = _path_graph(7)

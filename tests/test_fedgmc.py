@@ -257,8 +257,9 @@ def test_params_resolve_from_strings() -> None:
     assert (params.Q, params.B, params.tau, params.eta, params.share) == (20, 32, 0.5, 0.2, "all")
     with pytest.raises(UserError):
         resolve_params(method_class("fedgmc"), {"share": "some"})
-    with pytest.raises(UserError):
+    with pytest.raises(UserError, match="h2gcn-tanh"):
         resolve_params(method_class("fedgmc"), {"backbone": "gcn"})
+    assert resolve_params(method_class("fedgmc"), {"backbone": "h2gcn-tanh"}).backbone == "h2gcn-tanh"
 
 
 def test_variants_differ_from_fedgmc_in_exactly_one_switch() -> None:
