@@ -61,7 +61,10 @@ def convergence(
         values = np.array([c[:length] for c in curves]) * 100
         mean, std = values.mean(0), values.std(0)
         rounds = np.arange(1, length + 1)
-        ax.plot(rounds, mean, label=f"{titles[method]} (n={len(curves)})", linewidth=1.4)
+        # Line styles cycle too, so that methods with identical curves (FedProx and FedGNN on METIS
+        # are FedAvg on GCN) stay visible on top of each other.
+        style = ("-", "--", "-.", ":")[drawn % 4]
+        ax.plot(rounds, mean, style, label=f"{titles[method]} (n={len(curves)})", linewidth=1.4)
         ax.fill_between(rounds, mean - std, mean + std, alpha=0.2)
         drawn += 1
     if not drawn:
