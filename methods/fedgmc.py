@@ -57,7 +57,7 @@ class FedGMCParams(MethodParams):
     """FedGMC's hyperparameters. Q, B, tau, eta are the four of the paper's sensitivity study (Fig. 4,
     8, 9), whose values the text does not give; the defaults are ours (docs/fedgmc.md)."""
 
-    backbone: str = "h2gcn"  # paper B.6; the calibrations read H2GCN's ego and hop embeddings (h2gcn-tanh/-elu: σ)
+    backbone: str = "h2gcn-tanh"  # H2GCN (paper B.6) with σ = tanh for the ego embeddings (docs/fedgmc.md, item 18)
     share: str = "backbone"  # weights averaged besides the manifolds: "all", "backbone" (head local), "none"
     lr: float = 0.05  # chosen by validation over {0.01, 0.05} (docs/fedgmc.md)
     Q: int = 10  # global structural templates

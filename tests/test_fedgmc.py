@@ -280,19 +280,20 @@ def tiny_setup() -> Setup:
 
 def tiny_federation(method: str):
     """A server and clients of `method` on the tiny dataset, as the runner builds them."""
-    from gfl_bench.backbones import H2GCN
+    from gfl_bench.backbones import backbone_class
     from gfl_bench.runner import DataCache
 
     data = DataCache(None, None).federated("tiny", "metis", 5, 1234)
-    graphs = data.on_device("h2gcn", torch.device("cpu"))
     params = method_class(method).Params()
+    graphs = data.on_device(params.backbone, torch.device("cpu"))
     setup = dataclasses.replace(tiny_setup(), num_features=data.num_features, num_classes=data.num_classes)
     torch.manual_seed(0)
-    model = H2GCN(data.num_features, params.hidden, data.num_classes, params.dropout)
+    backbone = backbone_class(params.backbone)
+    model = backbone(data.num_features, params.hidden, data.num_classes, params.dropout)
     cls = method_class(method)
     server = cls.server(model, params, setup)
     clients = [
-        cls.client(i, g, H2GCN(data.num_features, params.hidden, data.num_classes, params.dropout), params, setup)
+        cls.client(i, g, backbone(data.num_features, params.hidden, data.num_classes, params.dropout), params, setup)
         for i, g in enumerate(graphs)
     ]
     return server, clients
