@@ -4,7 +4,7 @@ Algorithm, per round: the server sends the global weights; each client loads the
 `local_epochs` full-batch steps and uploads its weights with its number of training nodes; the
 server sets the global weights to the weighted mean. Default weighting is by training nodes, as in
 the FedAvg paper; `weighting=uniform` is the plain mean of FED-PUB's released code (research notes
-§2.2). Default backbone H2GCN (paper B.6: FedAvg shares FedGMC's backbone).
+§2.2). Default backbone FedGMC's (H2GCN, tanh ego activation; paper B.6: FedAvg shares FedGMC's backbone).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
+from gfl_bench.backbones import FEDGMC_BACKBONE
 from gfl_bench.errors import UserError
 from gfl_bench.method import Message, Method, MethodParams, Round, Server, register
 from gfl_bench.training import TrainingClient
@@ -24,7 +25,7 @@ WEIGHTINGS = ("train", "uniform")
 
 @dataclass(frozen=True)
 class FedAvgParams(MethodParams):
-    backbone: str = "h2gcn"
+    backbone: str = FEDGMC_BACKBONE
     weighting: str = "train"  # "train": by training-node count; "uniform": plain mean
 
     def __post_init__(self) -> None:

@@ -1,7 +1,7 @@
 """Local: every client trains on its own subgraph and nothing is exchanged (paper B.5).
 
-Default backbone H2GCN: paper B.6 gives Local "the identical GNN backbone ... as the one used in
-FedGMC". Training runs on the same round schedule as the federated methods, so the best-validation-
+Default backbone FedGMC's (H2GCN, tanh ego activation): paper B.6 gives Local "the identical GNN
+backbone ... as the one used in FedGMC". Training runs on the same round schedule as the federated methods, so the best-validation-
 round rule selects over the same checkpoints (protocol §1.3; research notes §2.1).
 """
 
@@ -10,13 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gfl_bench.backbones import FEDGMC_BACKBONE
 from gfl_bench.method import Message, Method, MethodParams, Round, Server, register
 from gfl_bench.training import TrainingClient
 
 
 @dataclass(frozen=True)
 class LocalParams(MethodParams):
-    backbone: str = "h2gcn"
+    backbone: str = FEDGMC_BACKBONE
 
 
 class LocalClient(TrainingClient):

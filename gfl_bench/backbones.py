@@ -148,6 +148,10 @@ BACKBONES: dict[str, type[Backbone]] = {
     "gcn": GCN, "sage": GraphSAGE, "h2gcn": H2GCN, "h2gcn-tanh": _h2gcn_with("tanh"), "h2gcn-elu": _h2gcn_with("elu"),
 }  # fmt: skip
 
+# FedGMC's backbone, which paper B.6 gives Local and FedAvg as well ("the identical GNN backbone"):
+# H2GCN with a tanh ego activation, chosen on FedGMC's validation (docs/fedgmc.md, item 18).
+FEDGMC_BACKBONE = "h2gcn-tanh"
+
 
 def register_backbone(name: str, backbone: type[Backbone]) -> type[Backbone]:
     """Make a method-specific backbone (e.g. FED-PUB's masked GCN) selectable by name."""

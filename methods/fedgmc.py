@@ -43,7 +43,7 @@ from torch.nn import functional as F
 from torch_geometric.data import Data
 
 from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
-from gfl_bench.backbones import BACKBONES, H2GCN, H2GCNRepresentations, backbone_class
+from gfl_bench.backbones import BACKBONES, FEDGMC_BACKBONE, H2GCN, H2GCNRepresentations, backbone_class
 from gfl_bench.errors import UserError
 from gfl_bench.method import Message, Method, MethodParams, Round, Server, Setup, register
 from gfl_bench.training import TrainingClient
@@ -57,7 +57,7 @@ class FedGMCParams(MethodParams):
     """FedGMC's hyperparameters. Q, B, tau, eta are the four of the paper's sensitivity study (Fig. 4,
     8, 9), whose values the text does not give; the defaults are ours (docs/fedgmc.md)."""
 
-    backbone: str = "h2gcn-tanh"  # H2GCN (paper B.6) with σ = tanh for the ego embeddings (docs/fedgmc.md, item 18)
+    backbone: str = FEDGMC_BACKBONE  # H2GCN (paper B.6) with σ = tanh for the ego embeddings (docs/fedgmc.md, item 18)
     share: str = "backbone"  # weights averaged besides the manifolds: "all", "backbone" (head local), "none"
     lr: float = 0.05  # chosen by validation over {0.01, 0.05} (docs/fedgmc.md)
     Q: int = 10  # global structural templates

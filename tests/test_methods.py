@@ -73,8 +73,10 @@ def test_runs_are_deterministic_per_seed(tiny_federation, cpu):
 
 
 def test_default_backbones_follow_the_paper():
-    assert resolve_params(method_class("local"), {}).backbone == "h2gcn"
-    assert resolve_params(method_class("fedavg"), {}).backbone == "h2gcn"
+    fedgmc = resolve_params(method_class("fedgmc"), {}).backbone  # B.6: Local and FedAvg use FedGMC's backbone
+    assert fedgmc.startswith("h2gcn")
+    assert resolve_params(method_class("local"), {}).backbone == fedgmc
+    assert resolve_params(method_class("fedavg"), {}).backbone == fedgmc
     assert resolve_params(method_class("fedprox"), {}).backbone == "gcn"
     assert resolve_params(method_class("fedper"), {}).backbone == "gcn"
 
