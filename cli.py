@@ -157,7 +157,10 @@ def run(
         for ds in datasets for m in counts for meth in methods for seed in range(seeds)
     ]  # fmt: skip
     env = Environment(device, data_dir or default_data_dir(), threads, snapshots, snapshot_dir)
-    _run_grid(specs, store, env, workers, force, retry_failed)
+    no_snapshots = frozenset(
+        s.run_key for s in specs if any(not (snapshot_dir / s.run_key / f"round{r}.pt").exists() for r in snapshots)
+    )
+    _run_grid(specs, store, env, workers, force, retry_failed, rerun=no_snapshots)
 
 
 @app.command()
@@ -260,6 +263,7 @@ def _run_grid(
     executor: str = "local",
     address: str | None = None,
     gpus_per_run: float = 0.0,
+    rerun: frozenset[str] = frozenset(),
 ) -> None:
     """Validate devices and data up front, then execute the missing runs with progress, then summarise."""
     from gfl_bench.execute import execute, pending
@@ -273,11 +277,14 @@ def _run_grid(
         for key in sorted({(s.dataset, s.scheme, s.clients, s.data_seed) for s in specs}):
             cache.federated(*key)  # a missing dataset or impossible partition fails before any run
     with RunStore(store) as runs:
-        todo = pending(specs, runs, force, retry_failed)
+        todo = pending(specs, runs, force, retry_failed, rerun)
         failed_before = sum(1 for s in specs if runs.statuses().get(s.run_key) == "failed")
+        stored = runs.statuses()
+        again = sum(1 for s in todo if s.run_key in rerun and s.run_key in stored)
         console.print(
             f"{len(specs)} runs asked, {len(specs) - len(todo)} already stored, {len(todo)} to run "
-            f"({'workers: ' + str(workers) if executor == 'local' else 'Ray'}, device {env.device})"
+            + (f"({again} of them stored, run again for their snapshots) " if again else "")
+            + f"({'workers: ' + str(workers) if executor == 'local' else 'Ray'}, device {env.device})"
         )
         with _progress() as progress:
             overall = progress.add_task("runs", total=len(todo), status="")

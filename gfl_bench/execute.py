@@ -61,12 +61,18 @@ def run_job(spec: RunSpec, env: Environment, on_round: RoundCallback | None = No
         return failed_record(spec, error, device, started)
 
 
-def pending(specs: Iterable[RunSpec], store: RunStore, force: bool, retry_failed: bool) -> list[RunSpec]:
-    """The specs this command must run: not stored yet, or stored as failed when retrying, or all with force."""
+def pending(
+    specs: Iterable[RunSpec], store: RunStore, force: bool, retry_failed: bool, rerun: frozenset[str] = frozenset()
+) -> list[RunSpec]:
+    """The specs this command must run: not stored yet, or stored as failed when retrying, or all with force.
+
+    `rerun` names stored runs that must run again for an output the store does not hold (snapshots);
+    their stored record is kept (the store ignores a second insert of a key).
+    """
     status = store.statuses()
     return [
         s for s in specs
-        if force or s.run_key not in status or (retry_failed and status[s.run_key] == "failed")
+        if force or s.run_key not in status or s.run_key in rerun or (retry_failed and status[s.run_key] == "failed")
     ]  # fmt: skip
 
 

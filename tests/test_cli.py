@@ -82,3 +82,19 @@ def test_partitions_and_methods_and_datasets_print(env):
     assert listing.exit_code == 0 and "fedper" in listing.output and "h2gcn" in listing.output
     table3 = runner.invoke(app, ["datasets"], terminal_width=200)
     assert table3.exit_code == 0 and "absent" in table3.output and "Roman-empire" in table3.output
+
+
+def test_snapshots_of_a_stored_run_are_made_by_running_it_again(env, tmp_path):
+    runner = CliRunner()
+    args = ["run", "-m", "fedgmc", "-d", "tiny", "--clients", "5", "--seeds", "1", "--rounds", "3"]
+    assert runner.invoke(app, args).exit_code == 0
+    store = RunStore(env / "runs.sqlite")
+    (key,) = store.statuses()
+    record = store.record(key)
+    snaps = tmp_path / "snaps"
+    again = runner.invoke(app, [*args, "--snapshot-rounds", "0,2", "--snapshot-dir", str(snaps)])
+    assert "1 to run (1 of them stored, run again for their snapshots)" in " ".join(again.output.split())
+    assert (snaps / key / "round0.pt").exists() and (snaps / key / "round2.pt").exists()
+    assert len(store) == 1 and store.record(key) == record  # the stored record is kept as it was
+    third = runner.invoke(app, [*args, "--snapshot-rounds", "0,2", "--snapshot-dir", str(snaps)])
+    assert "0 to run" in third.output
