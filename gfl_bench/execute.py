@@ -67,7 +67,7 @@ def pending(
     """The specs this command must run: not stored yet, or stored as failed when retrying, or all with force.
 
     `rerun` names stored runs that must run again for an output the store does not hold (snapshots);
-    their stored record is kept (the store ignores a second insert of a key).
+    the new record replaces the stored one, with the same numbers (runs are deterministic) and new timings.
     """
     status = store.statuses()
     return [
