@@ -205,14 +205,11 @@ def run(
             _save_snapshot(server.snapshot(), Path(snapshot_dir) / spec.run_key / f"round{index}.pt")
 
         val, test, finite = _evaluate(clients, metric)
-        *summary, all_finite = torch.cat(
-            [torch.stack([_nanmean(val), _nanmean(test), _nanmean(val, val_counts), _nanmean(test, test_counts)]),
-             val, test, finite.reshape(1)]
-        ).tolist()  # the one host sync per round
-        per_client = len(clients)
-        client_curves["val"].append(summary[4 : 4 + per_client])
-        client_curves["test"].append(summary[4 + per_client :])
-        summary = summary[:4]
+        means = torch.stack([_nanmean(val), _nanmean(test), _nanmean(val, val_counts), _nanmean(test, test_counts)])
+        host = torch.cat([means, val, test, finite.reshape(1)]).tolist()  # the one host sync per round
+        summary, all_finite = host[:4], host[-1]
+        client_curves["val"].append(host[4 : 4 + len(clients)])
+        client_curves["test"].append(host[4 + len(clients) : -1])
         if not all_finite:
             raise RunFailed(f"non-finite predictions at round {index} (diverged training: NaN or inf)")
         for key, value in zip(curves, summary):
