@@ -92,3 +92,23 @@ def test_per_client_selection_reads_the_client_best_columns(store):
 def test_unknown_selection_rule_is_one_line(store):
     result = CliRunner().invoke(app, ["table", "1", "--store", str(store), "--selection", "oracle"])
     assert result.exit_code == 2 and "unknown selection rule 'oracle'" in result.output
+
+
+def test_ablation_table_marks_drops_and_gains_against_fedgmc():
+    import pandas as pd
+
+    from gfl_bench.tables import Selection, ablation_table
+
+    tests = {"fedgmc": 0.80, "fedgmc-wo-semantic": 0.78, "fedgmc-wo-structural": 0.81, "fedgmc-wo-refinement": 0.80}
+    rows = []
+    for method, test in tests.items():
+        spec = make_spec(method, "cora", "metis", 10, 0)
+        rows.append({"run_key": spec.run_key, "config_key": spec.config_key, "method": method, "dataset": "cora",
+                     "scheme": "metis", "clients": 10, "status": "ok", "test": test})  # fmt: skip
+    titles = {m: m for m in tests}
+    (block,) = ablation_table(Selection(pd.DataFrame(rows), {}, expected_seeds=1), titles, ["cora"])
+    column = block.text.columns[1]  # non-overlapping, 10 clients
+    assert block.text.loc["fedgmc-wo-semantic", column] == "78.00±0.00 (↓ 2.00)"
+    assert block.text.loc["fedgmc-wo-structural", column] == "81.00±0.00 (↑ 1.00)"
+    assert block.text.loc["fedgmc-wo-refinement", column] == "80.00±0.00 (↓ 0.00)"
+    assert block.text.loc["fedgmc", column] == "80.00±0.00"
