@@ -358,7 +358,7 @@ def table(
         typer.Option("--dataset", "-d", help="With a table number: only these datasets; without: a custom table."),
     ] = None,
     partition: Annotated[str, typer.Option("--partition", "--scheme", help="Scheme of a custom table.")] = "metis",
-    seeds: Annotated[int, typer.Option(help="Seeds a full cell has; fewer are marked (n=k).")] = 10,
+    seeds: Annotated[int, typer.Option(help="Seeds a full cell has; cells with another count are marked (n=k).")] = 10,
     selection: SelectionOption = "global",
     set_: SetOption = None,
     rounds: RoundsOption = None,

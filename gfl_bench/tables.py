@@ -3,7 +3,7 @@
 A cell holds the runs of one method on one dataset, scheme and client count whose configuration key
 equals the one `gflbench run` would use with the same options, so a table never mixes
 hyperparameters. Values are percentages with two decimals; std is the population std (ddof=0,
-numpy's default, as in the FED-PUB analysis notebook) over seeds. A cell with fewer seeds than asked
+numpy's default, as in the FED-PUB analysis notebook) over seeds. A cell with fewer or more seeds than asked
 shows `(n=k)`; a cell whose runs all failed shows `failed`; a cell without runs is empty. "Avg." is
 the mean of a row's cell means, with the count of cells it covers when some are missing.
 
@@ -122,7 +122,7 @@ class Selection:
             return "failed"
         text = f"{cell.mean:.{decimals}f}" + (f"±{cell.std:.{decimals}f}" if with_std else "")
         notes = []
-        if cell.n < self.expected_seeds:
+        if cell.n != self.expected_seeds:  # fewer or more seeds than the table asks for
             notes.append(f"n={cell.n}")
         if cell.failed:
             notes.append(f"{cell.failed} failed")

@@ -112,3 +112,9 @@ def test_ablation_table_marks_drops_and_gains_against_fedgmc():
     assert block.text.loc["fedgmc-wo-structural", column] == "81.00±0.00 (↑ 1.00)"
     assert block.text.loc["fedgmc-wo-refinement", column] == "80.00±0.00 (↓ 0.00)"
     assert block.text.loc["fedgmc", column] == "80.00±0.00"
+
+
+def test_cells_with_more_seeds_than_asked_are_marked_too(store):
+    result = CliRunner().invoke(app, ["table", "1", "-d", "cora", "-f", "csv", "--store", str(store), "--seeds", "2"])
+    rows = {line.split(",")[0]: line.split(",") for line in result.stdout.splitlines()}
+    assert rows["Local"][1].endswith("(n=3)") and not rows["FedPer"][2].endswith(")")  # FedPer, 10 clients: 2 seeds
