@@ -519,14 +519,14 @@ def plot_convergence(
     dataset: Annotated[str, typer.Option("--dataset", "-d")],
     partition: Annotated[str, typer.Option("--partition", "--scheme")] = "metis",
     clients: Annotated[int, typer.Option()] = 10,
-    method: Annotated[Optional[str], typer.Option("--method", "-m", help="Methods; default every stored one.")] = None,
+    method: Annotated[Optional[str], typer.Option("--method", "-m", help="Methods; default every stored one except the ablations.")] = None,
     out: Annotated[Optional[Path], typer.Option(help="File stem; .png and .pdf are written.")] = None,
     set_: SetOption = None,
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,
     store: StoreOption = DEFAULT_STORE,
 ) -> None:
-    """Test metric per round, methods overlaid (paper Fig. 3, 6, 7)."""
+    """Test metric per round, methods overlaid (paper Fig. 3, 6, 7; FedGMC's ablations only when named)."""
     from gfl_bench import plots, tables
 
     dataset_spec(dataset)
@@ -534,6 +534,8 @@ def plot_convergence(
     registered = all_methods()
     frame = _stored_runs(store)
     methods = _chosen_methods(method, frame, registered)
+    if method is None:
+        methods = [m for m in methods if m not in tables.ABLATIONS]
     sel = tables.Selection(frame, parse_overrides(set_ or [], list(registered)), rounds, local_epochs)
     target = out or FIGURES / f"convergence-{dataset}-{partition}-{clients}"
     with RunStore(store) as runs:
