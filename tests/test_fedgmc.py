@@ -26,6 +26,7 @@ from methods.fedgmc import (
     sinkhorn_assignment,
     two_point_wasserstein,
 )
+from parties import build_parties
 
 
 def generator(seed: int = 0) -> torch.Generator:
@@ -280,23 +281,10 @@ def tiny_setup() -> Setup:
 
 def tiny_federation(method: str):
     """A server and clients of `method` on the tiny dataset, as the runner builds them."""
-    from gfl_bench.backbones import backbone_class
     from gfl_bench.runner import DataCache
 
     data = DataCache(None, None).federated("tiny", "metis", 5, 1234)
-    params = method_class(method).Params()
-    graphs = data.on_device(params.backbone, torch.device("cpu"))
-    setup = dataclasses.replace(tiny_setup(), num_features=data.num_features, num_classes=data.num_classes)
-    torch.manual_seed(0)
-    backbone = backbone_class(params.backbone)
-    model = backbone(data.num_features, params.hidden, data.num_classes, params.dropout)
-    cls = method_class(method)
-    server = cls.server(model, params, setup)
-    clients = [
-        cls.client(i, g, backbone(data.num_features, params.hidden, data.num_classes, params.dropout), params, setup)
-        for i, g in enumerate(graphs)
-    ]
-    return server, clients
+    return build_parties(method_class(method), method_class(method).Params(), data, tiny_setup().rounds)
 
 
 def loss_terms(method: str) -> tuple[torch.Tensor, torch.Tensor]:

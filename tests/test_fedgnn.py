@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
 
 from baselines.fedgnn import FedGNN, match_nodes, node_hashes
-from gfl_bench.backbones import GCN
 from gfl_bench.errors import UserError
-from gfl_bench.method import Round, Setup, clone_message, resolve_params
+from gfl_bench.method import Round, clone_message, resolve_params
 from gfl_bench.runner import DataCache, run
 from gfl_bench.spec import make_spec
+from parties import build_parties
 
 KEY = b"test-key"
 
@@ -69,13 +68,7 @@ def test_same_neighbourhood_matches_without_sharing_the_node():
 
 def drive(federation, rounds: int):
     """Run FedGNN's parties by hand; yield each exchange's round, downloads and uploads."""
-    params = resolve_params(FedGNN, {})
-    graphs = federation.on_device("gcn", torch.device("cpu"))
-    setup = Setup(federation.num_features, federation.num_classes, len(graphs), rounds, 1, torch.device("cpu"), 0)
-    torch.manual_seed(0)
-    template = GCN(setup.num_features, params.hidden, setup.num_classes, params.dropout)
-    server = FedGNN.server(copy.deepcopy(template), params, setup)
-    clients = [FedGNN.client(i, g, copy.deepcopy(template), params, setup) for i, g in enumerate(graphs)]
+    server, clients = build_parties(FedGNN, resolve_params(FedGNN, {}), federation, rounds)
     for index in range(rounds):
         for stage in range(server.stages(index)):
             rnd = Round(index, stage)

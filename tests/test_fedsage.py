@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
@@ -15,10 +14,10 @@ from baselines.fedsage import (
     nearest_feature_gradient,
     slot_counts,
 )
-from gfl_bench.backbones import GraphSAGE
-from gfl_bench.method import Round, Setup, clone_message, resolve_params
+from gfl_bench.method import Round, clone_message, resolve_params
 from gfl_bench.runner import run
 from gfl_bench.spec import make_spec
+from parties import build_parties
 
 FAST = {"local_gen_epochs": "10", "fed_gen_epochs": "3"}  # fewer generator epochs: a fast file, same exchanges
 
@@ -26,13 +25,7 @@ FAST = {"local_gen_epochs": "10", "fed_gen_epochs": "3"}  # fewer generator epoc
 def drive(federation, rounds: int = 1, **overrides):
     """Run FedSage+'s parties by hand; return the clients and every exchange's (round, downloads, uploads)."""
     params = resolve_params(FedSagePlus, {**FAST, **overrides})
-    cpu = torch.device("cpu")
-    graphs = federation.on_device("sage", cpu)
-    setup = Setup(federation.num_features, federation.num_classes, len(graphs), rounds, 1, cpu, 0)
-    torch.manual_seed(0)
-    template = GraphSAGE(setup.num_features, params.hidden, setup.num_classes, params.dropout)
-    server = FedSagePlus.server(copy.deepcopy(template), params, setup)
-    clients = [FedSagePlus.client(i, g, copy.deepcopy(template), params, setup) for i, g in enumerate(graphs)]
+    server, clients = build_parties(FedSagePlus, params, federation, rounds)
     exchanges = []
     for index in range(rounds):
         for stage in range(server.stages(index)):

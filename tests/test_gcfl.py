@@ -14,6 +14,7 @@ from gfl_bench.backbones import GCN
 from gfl_bench.method import Round, Setup, resolve_params
 from gfl_bench.runner import run
 from gfl_bench.spec import make_spec
+from parties import build_parties
 
 GROUP_A, GROUP_B = [0, 1, 2], [3, 4, 5]
 
@@ -111,13 +112,7 @@ def test_dtw_distance():
 
 
 def test_client_uploads_its_shared_update_and_restarts_from_the_cluster_model(tiny_federation, cpu, monkeypatch):
-    params = resolve_params(GCFL, {})
-    graphs = tiny_federation.on_device("gcn", cpu)
-    setup = Setup(tiny_federation.num_features, tiny_federation.num_classes, len(graphs), 3, 1, cpu, 0)
-    torch.manual_seed(0)
-    template = GCN(setup.num_features, params.hidden, setup.num_classes, params.dropout)
-    server = GCFL.server(copy.deepcopy(template), params, setup)
-    client = GCFL.client(0, graphs[0], copy.deepcopy(template), params, setup)
+    server, (client, *_) = build_parties(GCFL, resolve_params(GCFL, {}), tiny_federation, 3, cpu)
     sent = server.configure(Round(0), [0])[0]
     assert not any(k.startswith("classifier") for k in sent["weights"])  # official: only convs shared
     upload = client.fit(Round(0), copy.deepcopy(sent))

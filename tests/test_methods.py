@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import copy
 
 import torch
 
 from baselines.fedper import FedPer
 from gfl_bench.aggregation import model_state
-from gfl_bench.backbones import GCN
-from gfl_bench.method import Round, Setup, method_class, resolve_params
+from gfl_bench.method import Round, method_class, resolve_params
 from gfl_bench.runner import run
 from gfl_bench.spec import make_spec
+from parties import build_parties
 
 
 def _run(method, federation, cpu, seed=0, rounds=6, local_epochs=None, **overrides):
@@ -30,13 +29,7 @@ def test_fedprox_with_zero_mu_is_fedavg(tiny_federation, cpu):
 
 
 def test_fedper_never_shares_its_head(tiny_federation, cpu):
-    params = resolve_params(FedPer, {})
-    graphs = tiny_federation.on_device("gcn", cpu)
-    setup = Setup(tiny_federation.num_features, tiny_federation.num_classes, len(graphs), 3, 1, cpu, 0)
-    torch.manual_seed(0)
-    template = GCN(setup.num_features, params.hidden, setup.num_classes, params.dropout)
-    server = FedPer.server(copy.deepcopy(template), params, setup)
-    clients = [FedPer.client(i, g, copy.deepcopy(template), params, setup) for i, g in enumerate(graphs)]
+    server, clients = build_parties(FedPer, resolve_params(FedPer, {}), tiny_federation, 3, cpu)
     for index in range(3):
         rnd = Round(index)
         downloads = server.configure(rnd, list(range(len(clients))))
@@ -47,7 +40,7 @@ def test_fedper_never_shares_its_head(tiny_federation, cpu):
             assert not any(k.startswith("classifier") for k in uploads[cid]["weights"])
             assert any(k.startswith("conv1") for k in uploads[cid]["weights"])
         server.aggregate(rnd, uploads)
-    assert set(server.global_weights) == set(model_state(template, exclude_prefix="classifier"))
+    assert set(server.global_weights) == set(model_state(clients[0].model, exclude_prefix="classifier"))
     heads = [c.model.classifier.weight for c in clients]
     assert not torch.allclose(heads[0], heads[1])  # personalised heads drift apart
 
