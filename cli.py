@@ -7,8 +7,10 @@ finishes, so Ctrl-C or a crash loses at most the run in progress; rerunning skip
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import json
 import os
 import sys
 import traceback
@@ -26,6 +28,7 @@ from gfl_bench.errors import UserError
 from gfl_bench.execute import Environment, Events
 from gfl_bench.method import all_methods
 from gfl_bench.partition import DEFAULT_DATA_SEED, SCHEMES, check_clients, check_scheme
+from gfl_bench.protocol import DEFAULT_PROTOCOL, PROTOCOLS, TUNED_ENV, check_protocol
 from gfl_bench.spec import RunSpec, make_spec, parse_overrides
 from gfl_bench.store import DEFAULT_STORE, RESULTS_ENV, RunStore
 
@@ -56,6 +59,18 @@ SelectionOption = Annotated[
         help="global: each run's test value at its best client-mean validation round (FED-PUB, default); "
         "per-client: each client at its own best validation round (FedICI's code). docs/protocol.md.",
     ),
+]
+ProtocolOption = Annotated[
+    str,
+    typer.Option(
+        "--protocol",
+        help="paper: each method as the paper's numbers were produced; fair: every method tuned on validation "
+        "with the same budget (`gflbench tune` first). docs/protocol.md.",
+    ),
+]
+TunedOption = Annotated[
+    Optional[Path],
+    typer.Option("--tuned-dir", envvar=TUNED_ENV, help="Folder of the fair protocol's tuned values (default results/tuned)."),
 ]
 RoundsOption = Annotated[Optional[int], typer.Option("--rounds", help="Override the dataset's round count.")]
 EpochsOption = Annotated[
@@ -131,6 +146,8 @@ def run(
     set_: SetOption = None,
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,
+    protocol: ProtocolOption = DEFAULT_PROTOCOL,
+    tuned_dir: TunedOption = None,
     data_seed: Annotated[int, typer.Option(help="Seed of the split and partition.")] = DEFAULT_DATA_SEED,
     data_dir: DataDirOption = None,
     store: StoreOption = DEFAULT_STORE,
@@ -142,6 +159,7 @@ def run(
     snapshot_dir: Annotated[Path, typer.Option(help="Folder for snapshots.")] = Path("results") / "snapshots",
 ) -> None:
     """Train methods on datasets over the paper's partitions and seeds; store every finished run."""
+    check_protocol(protocol)
     methods = split_list(method, "methods")
     datasets = split_list(dataset, "datasets")
     check_scheme(partition)
@@ -153,7 +171,7 @@ def run(
     for m in counts:
         check_clients(partition, m)
     specs = [
-        make_spec(meth, ds, partition, m, seed, overrides[meth], rounds, local_epochs, data_seed)
+        make_spec(meth, ds, partition, m, seed, overrides[meth], rounds, local_epochs, data_seed, protocol, tuned_dir)
         for ds in datasets for m in counts for meth in methods for seed in range(seeds)
     ]  # fmt: skip
     env = Environment(device, data_dir or default_data_dir(), threads, snapshots, snapshot_dir)
@@ -184,6 +202,8 @@ def sweep(
     set_: SetOption = None,
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,
+    protocol: ProtocolOption = DEFAULT_PROTOCOL,
+    tuned_dir: TunedOption = None,
     data_dir: DataDirOption = None,
     store: StoreOption = DEFAULT_STORE,
     retry_failed: RetryOption = False,
@@ -191,6 +211,7 @@ def sweep(
     """Run every run a paper table (or an explicit grid) needs that the store lacks, and nothing else."""
     from gfl_bench.sweep import Grid, estimate, table_grid
 
+    check_protocol(protocol)
     registered = list(all_methods())
     if seeds < 1:
         raise UserError(f"--seeds must be at least 1, got {seeds}")
@@ -212,7 +233,7 @@ def sweep(
         grid = Grid(tuple(split_list(method, "methods")), tuple(split_list(dataset, "datasets")),
                     tuple((partition, c) for c in counts))  # fmt: skip
     if grid is not None:
-        specs = _grid_specs_checked(grid, table_, method, dataset, seeds, set_, rounds, local_epochs)
+        specs = _grid_specs_checked(grid, table_, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned_dir)
     env = Environment(device, data_dir or default_data_dir(), threads)
     if dry_run:
         from gfl_bench.execute import pending
@@ -232,7 +253,7 @@ def sweep(
     _run_grid(specs, store, env, workers, False, retry_failed, executor, address, gpus_per_run)
 
 
-def _grid_specs_checked(grid, table_, method, dataset, seeds, set_, rounds, local_epochs) -> list[RunSpec]:
+def _grid_specs_checked(grid, table_, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned) -> list[RunSpec]:
     """Restrict a grid to the chosen methods and datasets, check it, and expand it into specs."""
     from gfl_bench.sweep import Grid, grid_specs
 
@@ -250,7 +271,7 @@ def _grid_specs_checked(grid, table_, method, dataset, seeds, set_, rounds, loca
         check_clients(scheme, m)
     if grid.skipped:
         console.print(f"not implemented yet, skipped: {', '.join(grid.skipped)}")
-    return grid_specs(grid, seeds, parse_overrides(set_ or [], list(grid.methods)), rounds, local_epochs)
+    return grid_specs(grid, seeds, parse_overrides(set_ or [], list(grid.methods)), rounds, local_epochs, protocol, tuned)
 
 
 def _run_grid(
@@ -363,12 +384,15 @@ def table(
     set_: SetOption = None,
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,
+    protocol: ProtocolOption = DEFAULT_PROTOCOL,
+    tuned_dir: TunedOption = None,
     store: StoreOption = DEFAULT_STORE,
     data_dir: DataDirOption = None,
 ) -> None:
     """Render the paper's Tables 1-7 (mean±std, its layout) from the run store; Table 3 from the data."""
     from gfl_bench import tables
 
+    check_protocol(protocol)
     tables.check_format(fmt)
     tables.check_rule(selection)
     numbers = _table_numbers(number)
@@ -384,7 +408,7 @@ def table(
     overrides = parse_overrides(set_ or [], list(registered))
     titles = {m: cls.title for m, cls in registered.items()}
     if frame is not None:
-        sel = tables.Selection(frame, overrides, rounds, local_epochs, seeds, selection)
+        sel = tables.Selection(frame, overrides, rounds, local_epochs, seeds, selection, protocol, tuned_dir)
     rendered = []
     for n in numbers if not (number is None and chosen_datasets) else [0]:
         if n == 0:
@@ -402,9 +426,15 @@ def table(
             continue
         if selection != "global" and n not in (3, 7):
             caption = caption.rstrip(".") + f". Selection: {selection} best validation round."
+        if n != 3:
+            caption = sel.caption(caption)
         rendered.append(tables.render(blocks, caption, fmt))
     if not rendered:
-        hint = " (pass the same --set/--rounds/--local-epochs as to `gflbench run`)" if frame is not None and len(frame) else ""
+        hint = ""
+        if frame is not None and len(frame):
+            stored = sorted(p for p in frame["protocol"].dropna().unique())
+            hint = (f" under protocol {protocol} (the store has runs of protocol {', '.join(stored) or 'none'}; "
+                    "pass the same --protocol/--set/--rounds/--local-epochs as to `gflbench run`)")  # fmt: skip
         raise UserError(f"no stored runs match the tables' cells{hint}")
     if fmt == "terminal":
         if out is not None:
@@ -484,9 +514,12 @@ def compare(
     set_: SetOption = None,
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,
+    protocol: ProtocolOption = DEFAULT_PROTOCOL,
+    tuned_dir: TunedOption = None,
     store: StoreOption = DEFAULT_STORE,
 ) -> None:
     """Ours next to the paper's published numbers for every cell we have, with flags and a summary (Markdown)."""
+    check_protocol(protocol)
     from gfl_bench import tables
     from gfl_bench.compare import COMPARABLE_TABLES, compare as compare_cells, to_markdown
 
@@ -498,14 +531,85 @@ def compare(
     registered = all_methods()
     frame = _stored_runs(store)
     methods = _chosen_methods(method, frame, registered)
-    sel = tables.Selection(frame, parse_overrides(set_ or [], list(registered)), rounds, local_epochs, rule=selection)
-    report = to_markdown(compare_cells(sel, methods, chosen), {m: cls.title for m, cls in registered.items()}, selection)
+    sel = tables.Selection(frame, parse_overrides(set_ or [], list(registered)), rounds, local_epochs, rule=selection,
+                           protocol=protocol, tuned=tuned_dir)  # fmt: skip
+    report = to_markdown(compare_cells(sel, methods, chosen), {m: cls.title for m, cls in registered.items()}, selection, sel)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(report)
         console.print(f"wrote {out}")
     else:
         sys.stdout.write(report)
+
+
+@app.command()
+@friendly
+def tune(
+    method: Annotated[str, typer.Option("--method", "-m", help="Method name(s), comma-separated.")],
+    dataset: Annotated[str, typer.Option("--dataset", "-d", help="Dataset name(s), comma-separated.")],
+    partition: Annotated[str, typer.Option("--partition", "--scheme", help="metis or overlap.")] = "metis",
+    clients: Annotated[str, typer.Option(help="Client counts, comma-separated.")] = "10",
+    trials: Annotated[int, typer.Option(help="Trials per method and setting: the same budget for every method.")] = 16,
+    tuning_seeds: Annotated[int, typer.Option(help="Seeds per trial (1000, 1001, ...; never a reporting seed).")] = 1,
+    prune: Annotated[bool, typer.Option(help="Stop trials below the median of earlier ones (Optuna MedianPruner).")] = True,
+    rounds: RoundsOption = None,
+    local_epochs: EpochsOption = None,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    threads: ThreadsOption = 1,
+    tuned_dir: TunedOption = None,
+    data_dir: DataDirOption = None,
+    store: StoreOption = DEFAULT_STORE,
+) -> None:
+    """Choose each method's hyperparameters on validation (Optuna), for `--protocol fair`; resumable after a kill."""
+    import torch
+
+    from gfl_bench.protocol import tuned_dir as resolve_tuned, tuned_file
+    from gfl_bench.runner import DataCache, resolve_device
+    from gfl_bench.tune import Budget, TrialReport
+    from gfl_bench.tune import tune as tune_method
+
+    methods = split_list(method, "methods")
+    datasets = split_list(dataset, "datasets")
+    check_scheme(partition)
+    counts = parse_ints(clients, "client counts")
+    budget = Budget(trials, tuning_seeds, prune, rounds, local_epochs)
+    settings = [(d, m) for d in datasets for m in counts]
+    for d, m in settings:
+        check_clients(partition, m)
+        for meth in methods:
+            make_spec(meth, d, partition, m, 0, None, rounds, local_epochs)  # bad names fail before any work
+    if threads < 0:
+        raise UserError("--threads must be 0 or more")
+    if threads:
+        torch.set_num_threads(threads)
+    chosen_device = resolve_device(device)
+    root = data_dir or default_data_dir()
+    cache = DataCache(root, root / "partitions")
+    folder = resolve_tuned(tuned_dir)
+    storage = Path(store).with_name("tuning.sqlite")
+    for d, m in settings:
+        data = cache.federated(d, partition, m, DEFAULT_DATA_SEED)
+        for meth in methods:
+            what = f"{meth} {d} {partition}-{m}"
+            # a bar in a terminal; piped or redirected, one plain line per finished trial
+            with _progress() if console.is_terminal else contextlib.nullcontext() as progress:
+                task = progress.add_task(f"tune {what}", total=budget.trials, status="") if progress else 0
+
+                def shown(report: TrialReport, task: int = task, what: str = what, progress=progress) -> None:
+                    value = "—" if report.value is None else f"{report.value * 100:.2f}"
+                    line = f"trial {report.number + 1}/{report.total} {report.state}: val {value} ({report.seconds:.0f} s)"
+                    if progress is not None:
+                        progress.update(task, completed=report.number + 1, status=line)
+                    else:
+                        sys.stdout.write(f"{what} {line} {json.dumps(report.values, sort_keys=True)}\n")
+                        sys.stdout.flush()
+
+                entry = tune_method(meth, d, partition, m, budget, data, chosen_device, storage, folder, shown)
+            values = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in entry["values"].items())
+            console.print(f"{what}: best validation {entry['validation'] * 100:.2f} (trial {entry['trial']}; "
+                          f"{entry['trials']['complete']} complete, {entry['trials']['pruned']} pruned): {values}",
+                          soft_wrap=True)  # fmt: skip
+        console.print(f"wrote {tuned_file(folder, d, partition, m)}", soft_wrap=True)
 
 
 plot_app = typer.Typer(no_args_is_help=True, help="The paper's figures from stored runs (PNG and PDF).")
@@ -524,11 +628,14 @@ def plot_convergence(
     set_: SetOption = None,
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,
+    protocol: ProtocolOption = DEFAULT_PROTOCOL,
+    tuned_dir: TunedOption = None,
     store: StoreOption = DEFAULT_STORE,
 ) -> None:
     """Test metric per round, methods overlaid (paper Fig. 3, 6, 7; FedGMC's ablations only when named)."""
     from gfl_bench import plots, tables
 
+    check_protocol(protocol)
     dataset_spec(dataset)
     check_clients(partition, clients)
     registered = all_methods()
@@ -536,7 +643,8 @@ def plot_convergence(
     methods = _chosen_methods(method, frame, registered)
     if method is None:
         methods = [m for m in methods if m not in tables.ABLATIONS]
-    sel = tables.Selection(frame, parse_overrides(set_ or [], list(registered)), rounds, local_epochs)
+    sel = tables.Selection(frame, parse_overrides(set_ or [], list(registered)), rounds, local_epochs,
+                           protocol=protocol, tuned=tuned_dir)  # fmt: skip
     target = out or FIGURES / f"convergence-{dataset}-{partition}-{clients}"
     with RunStore(store) as runs:
         written = plots.convergence(runs, sel, methods, {m: c.title for m, c in registered.items()}, dataset, partition, clients, target)
@@ -635,18 +743,35 @@ def partitions(
 
 @app.command()
 @friendly
-def methods() -> None:
-    """The registered methods with their backbone and default hyperparameters."""
+def methods(
+    protocol: ProtocolOption = DEFAULT_PROTOCOL,
+    dataset: Annotated[str, typer.Option("--dataset", "-d", help="Setting the values are resolved for.")] = "cora",
+    partition: Annotated[str, typer.Option("--partition", "--scheme")] = "metis",
+    clients: Annotated[int, typer.Option(help="Client count of that setting.")] = 10,
+    tuned_dir: TunedOption = None,
+) -> None:
+    """The registered methods with the backbone and hyperparameters a protocol resolves, and what `tune` searches."""
     from gfl_bench import tables
+    from gfl_bench.protocol import MissingTuning
 
+    check_protocol(protocol)
+    dataset_spec(dataset)
+    check_clients(partition, clients)
     registered = all_methods()
-    t = Table("name", "paper row", "backbone", "shares", "defaults", title="Methods")
+    t = Table("name", "paper row", "backbone", "shares", "resolved values", "tune searches",
+              title=f"Methods under protocol {protocol} ({PROTOCOLS[protocol]}), resolved for {dataset} {partition}-{clients}")  # fmt: skip
     for name in tables.method_order(list(registered)):
         cls = registered[name]
-        defaults = dataclasses.asdict(cls.Params())
-        backbone = defaults.pop("backbone")
-        t.add_row(name, cls.title, backbone, cls.summary, " ".join(f"{k}={v}" for k, v in defaults.items()))
-    console.print(t)
+        try:
+            spec = make_spec(name, dataset, partition, clients, 0, None, protocol=protocol, tuned=tuned_dir)
+        except MissingTuning:
+            t.add_row(name, cls.title, "", cls.summary, "not tuned yet: gflbench tune -m " + name, "")
+            continue
+        values = dataclasses.asdict(spec.params)
+        backbone = values.pop("backbone")
+        space = " ".join(f"{k}∈{s.describe()}" for k, s in cls.Params.search_space.items())
+        t.add_row(name, cls.title, backbone, cls.summary, " ".join(f"{k}={v}" for k, v in values.items()), space)
+    _show(t)
 
 
 if __name__ == "__main__":

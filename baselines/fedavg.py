@@ -2,9 +2,12 @@
 
 Algorithm, per round: the server sends the global weights; each client loads them, trains
 `local_epochs` full-batch steps and uploads its weights with its number of training nodes; the
-server sets the global weights to the weighted mean. Default weighting is by training nodes, as in
-the FedAvg paper; `weighting=uniform` is the plain mean of FED-PUB's released code (research notes
-§2.2). Default backbone FedGMC's (H2GCN, tanh ego activation; paper B.6: FedAvg shares FedGMC's backbone).
+server sets the global weights to the weighted mean.
+
+Defaults are FED-PUB's code, which produced the paper's FedAvg row (docs/protocol.md): the 2-layer
+GCN + classifier and the plain mean over clients (`weighting=uniform`; FED-PUB's `train_size` is the
+length of a one-element list, research notes §2.2). `weighting=train` weights by training nodes as
+in the FedAvg paper; paper B.6's "FedAvg shares FedGMC's backbone" is `--set backbone=h2gcn-tanh`.
 """
 
 from __future__ import annotations
@@ -15,9 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
-from gfl_bench.backbones import FEDGMC_BACKBONE
 from gfl_bench.errors import UserError
-from gfl_bench.method import Message, Method, MethodParams, Round, Server, register
+from gfl_bench.method import BACKBONE_SEARCH_SPACE, SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, register
 from gfl_bench.training import TrainingClient
 
 WEIGHTINGS = ("train", "uniform")
@@ -25,8 +27,10 @@ WEIGHTINGS = ("train", "uniform")
 
 @dataclass(frozen=True)
 class FedAvgParams(MethodParams):
-    backbone: str = FEDGMC_BACKBONE
-    weighting: str = "train"  # "train": by training-node count; "uniform": plain mean
+    search_space = {**SHARED_SEARCH_SPACE, **BACKBONE_SEARCH_SPACE}
+
+    backbone: str = "gcn"  # FED-PUB's 2-layer GCN + classifier
+    weighting: str = "uniform"  # "uniform": plain mean (FED-PUB code); "train": by training-node count (McMahan)
 
     def __post_init__(self) -> None:
         if self.weighting not in WEIGHTINGS:
@@ -72,7 +76,7 @@ class FedAvgServer(Server):
 class FedAvg(Method):
     name = "fedavg"
     title = "FedAvg"
-    summary = "whole model up and down; server takes the training-size-weighted mean"
+    summary = "whole model up and down; server takes the mean of the client models"
     Params = FedAvgParams
     client = FedAvgClient
     server = FedAvgServer

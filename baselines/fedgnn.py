@@ -45,6 +45,7 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,13 +58,15 @@ from baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from gfl_bench.backbones import Backbone
 from gfl_bench.errors import UserError
 from gfl_bench.graph_ops import gcn_adjacency
-from gfl_bench.method import Message, Method, MethodParams, Round, Setup, register
+from gfl_bench.method import SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Setup, register
 
 MATCHING = Round(0, 0)  # the exchange in which clients upload node hashes and the server matches them
 
 
 @dataclass(frozen=True)
 class FedGNNParams(FedAvgParams):
+    search_space = SHARED_SEARCH_SPACE  # the method expands the GCN's second layer: no backbone choice
+
     backbone: str = "gcn"  # paper B.6 (FedIIH app. I.5): 2-layer GCN + classifier
 
     def __post_init__(self) -> None:
@@ -241,3 +244,8 @@ class FedGNN(Method):
     Params = FedGNNParams
     client = FedGNNClient
     server = FedGNNServer
+
+    @classmethod
+    def equivalent(cls, params: FedGNNParams, scheme: str, local_epochs: int) -> tuple[str, dict] | None:
+        """Non-overlapping clients share no node and no neighbour set: nothing matches, no graph expands."""
+        return ("fedavg", dataclasses.asdict(params)) if scheme == "metis" else None

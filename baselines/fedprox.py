@@ -8,17 +8,20 @@ Backbone: the 2-layer GCN + classifier (paper B.6).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
-from gfl_bench.method import Message, Method, Round, register
+from gfl_bench.method import Message, Method, Round, log_range, register
 
 
 @dataclass(frozen=True)
 class FedProxParams(FedAvgParams):
+    search_space = {**FedAvgParams.search_space, "mu": log_range(1e-3, 1.0)}  # the FedProx paper's grid's span
+
     backbone: str = "gcn"
     mu: float = 0.01
 
@@ -45,3 +48,12 @@ class FedProx(Method):
     Params = FedProxParams
     client = FedProxClient
     server = FedAvgServer
+
+    @classmethod
+    def equivalent(cls, params: FedProxParams, scheme: str, local_epochs: int) -> tuple[str, dict] | None:
+        """One local step starts at the received weights, where the proximal gradient mu(θ - θ_global) is zero."""
+        if local_epochs != 1:
+            return None
+        values = dataclasses.asdict(params)
+        values.pop("mu")
+        return "fedavg", values

@@ -71,12 +71,14 @@ from baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from gfl_bench.backbones import Backbone, GraphSAGE, backbone_class
 from gfl_bench.errors import UserError
 from gfl_bench.graph_ops import binary_adjacency
-from gfl_bench.method import Message, Method, MethodParams, Round, Setup, register
+from gfl_bench.method import SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Setup, log_range, register
 
 
 @dataclass(frozen=True)
 class FedSagePlusParams(FedAvgParams):
     """Classifier: the shared defaults (hidden 128, Adam lr 0.01, ...; paper B.6). NeighGen: official config."""
+
+    search_space = {**SHARED_SEARCH_SPACE, "gen_lr": log_range(1e-3, 1e-1)}  # GraphSAGE is part of the method
 
     backbone: str = "sage"  # paper B.6: GraphSAGE encoder
     weighting: str = "uniform"  # official train_fedSagePC: 1/num_owners

@@ -1,8 +1,10 @@
 """Local: every client trains on its own subgraph and nothing is exchanged (paper B.5).
 
-Default backbone FedGMC's (H2GCN, tanh ego activation): paper B.6 gives Local "the identical GNN
-backbone ... as the one used in FedGMC". Training runs on the same round schedule as the federated methods, so the best-validation-
-round rule selects over the same checkpoints (protocol §1.3; research notes §2.1).
+Default backbone the 2-layer GCN + classifier of FED-PUB's code. Paper B.6 says Local shares FedGMC's
+backbone, but the paper's Local row equals FED-PUB's Table 1, produced on the GCN (docs/protocol.md,
+"Where the paper contradicts its numbers"); `--set local.backbone=h2gcn-tanh` gives B.6's reading.
+Training runs on the same round schedule as the federated methods, so the best-validation-round rule
+selects over the same checkpoints (protocol §1.3; research notes §2.1).
 """
 
 from __future__ import annotations
@@ -10,14 +12,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gfl_bench.backbones import FEDGMC_BACKBONE
-from gfl_bench.method import Message, Method, MethodParams, Round, Server, register
+from gfl_bench.method import BACKBONE_SEARCH_SPACE, SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, register
 from gfl_bench.training import TrainingClient
 
 
 @dataclass(frozen=True)
 class LocalParams(MethodParams):
-    backbone: str = FEDGMC_BACKBONE
+    search_space = {**SHARED_SEARCH_SPACE, **BACKBONE_SEARCH_SPACE}
+
+    backbone: str = "gcn"  # FED-PUB's GCN, on which the paper's Local row was produced
 
 
 class LocalClient(TrainingClient):

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from gfl_bench.paper import paper_results
+from gfl_bench.paper import SOURCES, paper_results, paper_source
+from gfl_bench.protocol import PROTOCOLS, hyperparameter_source
 from gfl_bench.tables import PAPER_METHOD_ORDER, Selection, method_order
 
 COMPARABLE_TABLES = (1, 2, 4, 5, 6, 7)
@@ -41,16 +42,18 @@ def compare(sel: Selection, methods: Sequence[str], tables: Sequence[int] = COMP
         if cell is None or cell.n == 0:
             continue
         gap = cell.mean - row.mean
+        spec = sel.spec_of(row.method, row.dataset, row.scheme, int(row.clients))
         threshold = math.nan if is_time else max(1.0, 2 * (0.0 if math.isnan(row.std) else row.std))
         rows.append({
             "table": row.table, "method": row.method, "dataset": row.dataset, "scheme": row.scheme,
-            "clients": int(row.clients), "seeds": cell.n, "ours": cell.mean, "ours_std": cell.std,
+            "clients": int(row.clients), "backbone": spec.params.backbone if spec else "", "seeds": cell.n,
+            "ours": cell.mean, "ours_std": cell.std, "source": paper_source(row.table, row.method),
             "paper": row.mean, "paper_std": row.std, "gap": gap,
             "ratio": cell.mean / row.mean if is_time else math.nan,
             "flag": (not is_time) and abs(gap) > threshold,
         })  # fmt: skip
-    cells = pd.DataFrame(rows, columns=["table", "method", "dataset", "scheme", "clients", "seeds", "ours", "ours_std",
-                                        "paper", "paper_std", "gap", "ratio", "flag"])  # fmt: skip
+    cells = pd.DataFrame(rows, columns=["table", "method", "dataset", "scheme", "clients", "backbone", "seeds", "ours",
+                                        "ours_std", "source", "paper", "paper_std", "gap", "ratio", "flag"])  # fmt: skip
     accuracy = cells[cells["table"] != 7]
     summary = pd.DataFrame(
         [
@@ -89,10 +92,15 @@ def _ranking(cells: pd.DataFrame) -> tuple[pd.DataFrame, bool | None]:
     return ranking, ranking["method"].iloc[0] == "fedgmc"
 
 
-def to_markdown(result: Comparison, titles: dict[str, str], rule: str = "global") -> str:
-    lines = [f"Selection rule for our values: {rule} best validation round (docs/protocol.md).", "", "## Cells", ""]
+def to_markdown(result: Comparison, titles: dict[str, str], rule: str = "global", sel: Selection | None = None) -> str:
+    protocol = sel.protocol if sel is not None else "paper"
+    lines = [
+        f"Our values: protocol {protocol} ({PROTOCOLS[protocol]}); {hyperparameter_source(protocol, sel.tuned if sel else None)}; "
+        f"selection rule: {rule} best validation round (docs/protocol.md). `backbone` is ours for that cell.",
+        "", "## Cells", "",
+    ]  # fmt: skip
     if result.cells.empty:
-        return "No stored run matches a published cell.\n"
+        return "\n".join(lines[:1]) + "\n\nNo stored run matches a published cell.\n"
     shown = result.cells.copy()
     shown["method"] = shown["method"].map(titles)
     shown["ours"] = [
@@ -105,8 +113,12 @@ def to_markdown(result: Comparison, titles: dict[str, str], rule: str = "global"
         f"×{r:.3f}" if t == 7 else f"{g:+.2f}" + (" ⚑" if f else "")
         for t, g, r, f in zip(shown["table"], shown["gap"], shown["ratio"], shown["flag"])
     ]
-    lines.append(shown[["table", "method", "dataset", "scheme", "clients", "seeds", "ours", "paper", "gap"]].to_markdown(index=False))
+    columns = ["table", "method", "dataset", "scheme", "clients", "backbone", "seeds", "ours", "paper", "source", "gap"]
+    lines.append(shown[columns].to_markdown(index=False))
     lines += ["", "⚑: gap larger than max(1 point, 2 × the paper's std). Table 7 gaps are ratios ours / paper (machine-dependent, never flagged).", ""]
+    lines += ["Sources of the paper's cells (docs/protocol.md): most baseline cells are inherited from earlier papers, not re-run.", ""]
+    lines += [f"- `{key}`: {text}" for key, text in SOURCES.items() if key in set(shown["source"])]
+    lines += [""]
     lines += ["## Per method (accuracy / ROC-AUC cells)", ""]
     summary = result.summary.copy()
     summary["method"] = summary["method"].map(titles)

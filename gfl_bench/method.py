@@ -33,12 +33,62 @@ Message = dict[str, Any]  # leaves: tensors; containers: dict, list, tuple
 
 
 @dataclass(frozen=True)
+class Space:
+    """The range `gflbench tune` searches for one hyperparameter (Optuna's distributions by name).
+
+    kind: "log" (log-uniform float in [low, high]), "float" (uniform in [low, high]), "int" (integers
+    in [low, high]) or "choice" (one of `choices`).
+    """
+
+    kind: str
+    low: float = 0.0
+    high: float = 0.0
+    choices: tuple[Any, ...] = ()
+
+    def describe(self) -> str:
+        if self.kind == "choice":
+            return "{" + ", ".join(str(c) for c in self.choices) + "}"
+        return f"{'log ' if self.kind == 'log' else ''}[{self.low:g}, {self.high:g}]"
+
+
+def log_range(low: float, high: float) -> Space:
+    return Space("log", low, high)
+
+
+def float_range(low: float, high: float) -> Space:
+    return Space("float", low, high)
+
+
+def int_range(low: int, high: int) -> Space:
+    return Space("int", low, high)
+
+
+def choice(*values: Any) -> Space:
+    return Space("choice", choices=tuple(values))
+
+
+# The optimiser and width every method shares; the `fair` protocol tunes them for every method with
+# one budget (docs/protocol.md, "fair"). Weight decay reaches 5e-4, OpenFGL's default.
+SHARED_SEARCH_SPACE: Mapping[str, Space] = {
+    "lr": log_range(1e-3, 1e-1),
+    "weight_decay": log_range(1e-7, 1e-3),
+    "dropout": float_range(0.0, 0.7),
+    "hidden": choice(64, 128, 256),
+}
+# Generic methods run on any backbone; `fair` lets them use FedGMC's, so none is handicapped by a weaker network.
+BACKBONE_SEARCH_SPACE: Mapping[str, Space] = {"backbone": choice("gcn", "h2gcn-tanh")}
+
+
+@dataclass(frozen=True)
 class MethodParams:
     """Hyperparameters every method has; a method extends this with its own fields.
 
     Defaults follow the FED-PUB protocol (hidden 128, Adam lr 0.01, weight decay 1e-6, dropout 0.5)
     and the paper's B.6 ("the same embedding dimension, optimizer settings, and learning rate").
+    `search_space` is what `gflbench tune` searches: the shared keys plus the method's own.
     """
+
+    search_space: ClassVar[Mapping[str, Space]] = SHARED_SEARCH_SPACE
 
     backbone: str = "gcn"
     hidden: int = 128
@@ -111,9 +161,27 @@ class Server(ABC):
         """Scalars recorded per round in the run record (e.g. FedGMC's anchor equiangularity)."""
         return {}
 
+    @classmethod
+    def equivalent(cls, params: MethodParams, scheme: str, local_epochs: int) -> tuple[str, dict[str, Any]] | None:
+        """(method, its full Params as a dict) whose run provably computes the same numbers, if any.
+
+        Tables mark such rows (`≡ FedAvg`) when the other row's configuration equals this dict, so a
+        reader sees that a difference between them can only be a difference of configuration.
+        """
+        return None
+
     def snapshot(self) -> dict[str, Any]:
         """Server state worth saving at chosen rounds for case studies (`--snapshot-rounds`)."""
         return {}
+
+    @classmethod
+    def equivalent(cls, params: MethodParams, scheme: str, local_epochs: int) -> tuple[str, dict[str, Any]] | None:
+        """(method, its full Params as a dict) whose run provably computes the same numbers, if any.
+
+        Tables mark such rows (`≡ FedAvg`) when the other row's configuration equals this dict, so a
+        reader sees that a difference between them can only be a difference of configuration.
+        """
+        return None
 
 
 class Method:
@@ -125,6 +193,24 @@ class Method:
     Params: ClassVar[type[MethodParams]] = MethodParams
     client: ClassVar[type[Client]]
     server: ClassVar[type[Server]]
+
+    @classmethod
+    def paper_preset(cls, dataset: str, scheme: str, clients: int) -> dict[str, str]:
+        """Values of the `paper` protocol that differ from the Params defaults in this setting.
+
+        The defaults are already the configuration behind the paper's numbers; a method overrides
+        this only where its source sets a value per dataset or partition (FED-PUB's scripts).
+        """
+        return {}
+
+    @classmethod
+    def equivalent(cls, params: MethodParams, scheme: str, local_epochs: int) -> tuple[str, dict[str, Any]] | None:
+        """(method, its full Params as a dict) whose run provably computes the same numbers, if any.
+
+        Tables mark such rows (`≡ FedAvg`) when the other row's configuration equals this dict, so a
+        reader sees that a difference between them can only be a difference of configuration.
+        """
+        return None
 
 
 METHODS: dict[str, type[Method]] = {}

@@ -248,6 +248,7 @@ def _identity(spec: RunSpec) -> dict:
         "run_key": spec.run_key,
         "config_key": spec.config_key,
         "method": spec.method,
+        "protocol": spec.protocol,
         "dataset": spec.dataset,
         "scheme": spec.scheme,
         "clients": spec.clients,

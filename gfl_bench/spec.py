@@ -1,9 +1,10 @@
 """RunSpec: everything that determines one run's numbers, and the keys derived from it.
 
-The run key is a hash of the method, its fully resolved hyperparameters, the schedule, the data
-seed, the dataset, the partition and the run seed. Equal keys mean "the same experiment", so the store
-skips a run whose key it holds and `gflbench table` finds exactly the runs that `gflbench run` with
-the same options produces. PROTOCOL_VERSION enters every key: bump it when a change to the harness
+The run key is a hash of the method, the protocol, its fully resolved hyperparameters, the schedule,
+the data seed, the dataset, the partition and the run seed. Equal keys mean "the same experiment", so
+the store skips a run whose key it holds and `gflbench table` finds exactly the runs that `gflbench
+run` with the same options produces. The protocol name is part of the key, so tables of one protocol
+never mix in another's runs. HARNESS_VERSION enters every key: bump it when a change to the harness
 changes numbers, and old records stop matching instead of being mixed in silently.
 """
 
@@ -13,6 +14,7 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +23,9 @@ from gfl_bench.datasets import dataset_spec
 from gfl_bench.errors import UserError
 from gfl_bench.method import MethodParams, method_class, resolve_params
 from gfl_bench.partition import DEFAULT_DATA_SEED, check_clients
+from gfl_bench.protocol import DEFAULT_PROTOCOL, protocol_values
 
-PROTOCOL_VERSION = 1
+HARNESS_VERSION = 2  # 2: protocols (paper defaults: GCN baselines, plain mean, FED-PUB code regularisers)
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class RunSpec:
     rounds: int
     local_epochs: int
     data_seed: int = DEFAULT_DATA_SEED
+    protocol: str = DEFAULT_PROTOCOL
 
     def config(self) -> dict[str, Any]:
         """The resolved configuration shared by every seed and partition of this method on this dataset."""
@@ -45,7 +49,8 @@ class RunSpec:
             "rounds": self.rounds,
             "local_epochs": self.local_epochs,
             "data_seed": self.data_seed,
-            "protocol": PROTOCOL_VERSION,
+            "protocol": self.protocol,
+            "harness": HARNESS_VERSION,
         }
 
     @property
@@ -73,12 +78,18 @@ def make_spec(
     rounds: int | None = None,
     local_epochs: int | None = None,
     data_seed: int = DEFAULT_DATA_SEED,
+    protocol: str = DEFAULT_PROTOCOL,
+    tuned: Path | None = None,
 ) -> RunSpec:
-    """Resolve names and defaults into a RunSpec; every bad input raises UserError here, before any work."""
+    """Resolve names, the protocol's values and `overrides` (on top) into a RunSpec.
+
+    Every bad input raises UserError here, before any work; so does `fair` without tuned values.
+    """
     method_cls = method_class(method)
     data = dataset_spec(dataset)
     check_clients(scheme, clients)
-    params = resolve_params(method_cls, overrides or {})
+    preset = protocol_values(protocol, method_cls, dataset, scheme, clients, tuned)
+    params = resolve_params(method_cls, {**preset, **(overrides or {})})
     backbone_class(params.backbone)
     for name, value in (("rounds", rounds), ("local epochs", local_epochs)):
         if value is not None and value < 1:
@@ -93,6 +104,7 @@ def make_spec(
         rounds=rounds or data.rounds,
         local_epochs=local_epochs or data.local_epochs,
         data_seed=data_seed,
+        protocol=protocol,
     )
 
 

@@ -21,19 +21,20 @@ RESULTS_ENV = "GFLBENCH_RESULTS"
 DEFAULT_STORE = Path("results") / "runs.sqlite"
 
 _COLUMNS = (
-    "run_key", "config_key", "method", "dataset", "scheme", "clients", "data_seed", "seed",
+    "run_key", "config_key", "method", "protocol", "dataset", "scheme", "clients", "data_seed", "seed",
     "metric", "status", "best_round", "val", "test", "val_weighted", "test_weighted",
     "val_client_best", "test_client_best", "seconds_per_round", "finished_at",
 )  # fmt: skip
 
 # Columns added after the first stores were written: opened stores gain them (NULL for older runs).
-_ADDED_COLUMNS = {"val_client_best": "REAL", "test_client_best": "REAL"}
+_ADDED_COLUMNS = {"val_client_best": "REAL", "test_client_best": "REAL", "protocol": "TEXT"}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_key TEXT PRIMARY KEY,
     config_key TEXT NOT NULL,
     method TEXT NOT NULL,
+    protocol TEXT,
     dataset TEXT NOT NULL,
     scheme TEXT NOT NULL,
     clients INTEGER NOT NULL,

@@ -10,10 +10,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 
 from gfl_bench.errors import UserError
+from gfl_bench.protocol import DEFAULT_PROTOCOL
 from gfl_bench.spec import RunSpec, make_spec
 from gfl_bench.tables import ABLATIONS, CLIENTS, HETEROPHILIC, HOMOPHILIC, PAPER_METHOD_ORDER, SETTINGS, TIME_DATASETS
 
@@ -50,10 +52,12 @@ def grid_specs(
     overrides: Mapping[str, Mapping[str, str]],
     rounds: int | None = None,
     local_epochs: int | None = None,
+    protocol: str = DEFAULT_PROTOCOL,
+    tuned: Path | None = None,
 ) -> list[RunSpec]:
     """Every run of the grid, datasets outermost (so each dataset's data is loaded once per worker)."""
     return [
-        make_spec(m, d, scheme, clients, seed, overrides.get(m, {}), rounds, local_epochs)
+        make_spec(m, d, scheme, clients, seed, overrides.get(m, {}), rounds, local_epochs, protocol=protocol, tuned=tuned)
         for d in grid.datasets for scheme, clients in grid.settings for m in grid.methods for seed in range(seeds)
     ]  # fmt: skip
 

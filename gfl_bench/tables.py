@@ -14,6 +14,7 @@ LaTeX (best value bold, second underlined) or CSV.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 from collections.abc import Mapping, Sequence
@@ -24,7 +25,9 @@ import pandas as pd
 
 from gfl_bench.datasets import DATASETS, dataset_spec, is_available, load_dataset
 from gfl_bench.errors import UserError
-from gfl_bench.spec import make_spec
+from gfl_bench.method import method_class
+from gfl_bench.protocol import DEFAULT_PROTOCOL, PROTOCOLS, MissingTuning, hyperparameter_source
+from gfl_bench.spec import RunSpec, make_spec
 
 # The paper's row order (Tables 1-2); variants registered later are appended after these.
 PAPER_METHOD_ORDER = (
@@ -85,13 +88,24 @@ class Selection:
     local_epochs: int | None = None
     expected_seeds: int = 10
     rule: str = "global"
+    protocol: str = DEFAULT_PROTOCOL
+    tuned: Path | None = None  # the `fair` protocol's folder of tuned values
+
+    def spec_of(self, method: str, dataset: str, scheme: str, clients: int) -> RunSpec | None:
+        """Seed 0's spec of one cell under the selected protocol; None where `fair` has no tuned values."""
+        try:
+            return make_spec(method, dataset, scheme, clients, 0, self.overrides.get(method, {}), self.rounds,
+                             self.local_epochs, protocol=self.protocol, tuned=self.tuned)  # fmt: skip
+        except MissingTuning:
+            return None
 
     def runs_of(self, method: str, dataset: str, scheme: str, clients: int) -> pd.DataFrame:
-        """The stored runs (any status) of one cell under the selected configuration."""
-        key = make_spec(method, dataset, scheme, clients, 0, self.overrides.get(method, {}), self.rounds, self.local_epochs).config_key
+        """The stored runs (any status) of one cell under the selected protocol and configuration."""
         runs = self.runs
-        if runs.empty:
-            return runs
+        spec = self.spec_of(method, dataset, scheme, clients)
+        if runs.empty or spec is None:
+            return runs.iloc[0:0]
+        key = spec.config_key
         return runs[(runs["config_key"] == key) & (runs["method"] == method) & (runs["dataset"] == dataset)
                     & (runs["scheme"] == scheme) & (runs["clients"] == clients)]  # fmt: skip
 
@@ -129,6 +143,42 @@ class Selection:
         return f"{text} ({', '.join(notes)})" if notes else text
 
 
+    def caption(self, text: str) -> str:
+        """A table caption that states the protocol and where the hyperparameters came from."""
+        extra = "; with --set " + " ".join(
+            f"{m}.{k}={v}" for m, values in sorted(self.overrides.items()) for k, v in sorted(values.items())
+        ) if any(self.overrides.values()) else ""  # fmt: skip
+        return (f"{text.rstrip('.')}. Protocol: {self.protocol} ({PROTOCOLS[self.protocol]}); "
+                f"{hyperparameter_source(self.protocol, self.tuned)}{extra}. Row labels name each method's backbone.")  # fmt: skip
+
+    def row_label(self, method: str, title: str, settings: Sequence[tuple[str, str, int]]) -> str:
+        """`Title [backbone]` over the table's cells, plus `≡ Other` where every cell provably computes another row."""
+        specs = [s for s in (self.spec_of(method, d, sc, c) for d, sc, c in settings) if s is not None]
+        backbones = sorted({s.params.backbone for s in specs})
+        label = f"{title} [{'/'.join(backbones)}]" if backbones else title
+        twins = {same_computation(s, self) for s in specs}
+        if len(twins) == 1 and None not in twins:
+            label += f" ≡ {method_class(twins.pop()).title}"
+        return label
+
+
+def same_computation(spec: RunSpec, sel: Selection) -> str | None:
+    """The method whose run in `sel`'s configuration provably computes the same numbers as `spec`, if any.
+
+    A method declares the condition (`Method.equivalent`: FedProx at one local epoch is FedAvg, FedGNN
+    without cross-client matches is FedAvg); it holds only when the other method's resolved
+    configuration equals the one the equivalence needs.
+    """
+    twin = method_class(spec.method).equivalent(spec.params, spec.scheme, spec.local_epochs)
+    if twin is None:
+        return None
+    name, values = twin
+    other = sel.spec_of(name, spec.dataset, spec.scheme, spec.clients)
+    if other is None or other.rounds != spec.rounds or other.local_epochs != spec.local_epochs:
+        return None
+    return name if dataclasses.asdict(other.params) == values else None
+
+
 def method_order(names: Sequence[str]) -> list[str]:
     known = [m for m in PAPER_METHOD_ORDER + ABLATIONS if m in names]
     return known + sorted(n for n in names if n not in known)
@@ -150,13 +200,14 @@ def results_table(number: int, sel: Selection, methods: Sequence[str], titles: M
     values: dict[str, list[float]] = {}
     for m in methods:
         row = [cells[(m, d, c)] for d in datasets for c in clients]
-        text[titles[m]] = [sel.format(cell) for cell in row]
-        values[titles[m]] = [cell.mean if cell else math.nan for cell in row]
+        label = sel.row_label(m, titles[m], [(d, scheme, c) for d in datasets for c in clients if cells[(m, d, c)]])
+        text[label] = [sel.format(cell) for cell in row]
+        values[label] = [cell.mean if cell else math.nan for cell in row]
         for _, members in avg_groups:
             present = [cells[(m, d, c)].mean for d, c in members if cells[(m, d, c)] and cells[(m, d, c)].n]
             mean = sum(present) / len(present) if present else math.nan
-            text[titles[m]].append("" if not present else f"{mean:.2f}" + ("" if len(present) == len(members) else f" ({len(present)}/{len(members)})"))
-            values[titles[m]].append(mean)
+            text[label].append("" if not present else f"{mean:.2f}" + ("" if len(present) == len(members) else f" ({len(present)}/{len(members)})"))
+            values[label].append(mean)
     columns = data_columns + [("Avg.", name) for name, _ in avg_groups]
     full = _frame(text, columns), _frame(values, columns)
     blocks = []
@@ -176,15 +227,16 @@ def ablation_table(sel: Selection, titles: Mapping[str, str], datasets: Sequence
         full = {(m, s, c): sel.cell(m, d, s, c) for m in rows for s, c in SETTINGS}
         text, values = {}, {}
         for m in rows:
-            text[titles[m]], values[titles[m]] = [], []
+            label = sel.row_label(m, titles[m], [(d, s, c) for s, c in SETTINGS if full[(m, s, c)]])
+            text[label], values[label] = [], []
             for s, c in SETTINGS:
                 cell, reference = full[(m, s, c)], full[("fedgmc", s, c)]
                 entry = sel.format(cell)
                 if m != "fedgmc" and cell and cell.n and reference and reference.n:
                     drop = reference.mean - cell.mean
                     entry += f" (↓ {drop:.2f})" if drop >= 0 else f" (↑ {-drop:.2f})"  # ↑: the ablation scored higher
-                text[titles[m]].append(entry)
-                values[titles[m]].append(cell.mean if cell else math.nan)
+                text[label].append(entry)
+                values[label].append(cell.mean if cell else math.nan)
         blocks.append(Block(_frame(text, columns), _frame(values, columns), higher_is_better=None))
     return blocks
 
@@ -197,8 +249,9 @@ def time_table(sel: Selection, methods: Sequence[str], titles: Mapping[str, str]
         text, values = {}, {}
         for m in methods:
             cells = [sel.cell(m, d, s, c, column="seconds_per_round") for s, c in SETTINGS]
-            text[titles[m]] = [sel.format(cell, decimals=3, with_std=False) for cell in cells]
-            values[titles[m]] = [cell.mean if cell and cell.n else math.nan for cell in cells]
+            label = sel.row_label(m, titles[m], [(d, s, c) for (s, c), cell in zip(SETTINGS, cells) if cell])
+            text[label] = [sel.format(cell, decimals=3, with_std=False) for cell in cells]
+            values[label] = [cell.mean if cell and cell.n else math.nan for cell in cells]
         numbers = _frame(values, columns)
         average = numbers.mean(axis=0, skipna=True)
         text["Average"] = ["" if math.isnan(v) else f"{v:.3f}" for v in average]
@@ -274,15 +327,16 @@ def _latex(block: Block, caption: str) -> str:
 def _terminal(blocks: Sequence[Block], caption: str):
     from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     tables = []
     for i, block in enumerate(blocks):
-        t = Table(title=caption if i == 0 else None, title_justify="left")
+        t = Table(title=Text(caption) if i == 0 else None, title_justify="left")
         t.add_column(block.text.index.name or "")
         for group, sub in block.text.columns:
             t.add_column(f"{group}\n{sub}" if group else sub, justify="right")
-        for name, row in block.text.iterrows():
-            t.add_row(str(name), *row.tolist())
+        for name, row in block.text.iterrows():  # Text: `[gcn]` in a label is not rich markup
+            t.add_row(Text(str(name)), *(Text(str(v)) for v in row.tolist()))
         tables.append(t)
     return Group(*tables)
 

@@ -45,7 +45,7 @@ from torch_geometric.data import Data
 from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
 from gfl_bench.backbones import BACKBONES, FEDGMC_BACKBONE, H2GCN, H2GCNRepresentations, backbone_class
 from gfl_bench.errors import UserError
-from gfl_bench.method import Message, Method, MethodParams, Round, Server, Setup, register
+from gfl_bench.method import SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, Setup, int_range, log_range, register
 from gfl_bench.training import TrainingClient
 
 SHARES = ("all", "backbone", "none")
@@ -56,6 +56,13 @@ COMBINES = ("sum", "ring")
 class FedGMCParams(MethodParams):
     """FedGMC's hyperparameters. Q, B, tau, eta are the four of the paper's sensitivity study (Fig. 4,
     8, 9), whose values the text does not give; the defaults are ours (docs/fedgmc.md)."""
+
+    search_space = {
+        **SHARED_SEARCH_SPACE,  # H2GCN is part of the method
+        "semantic_weight": log_range(0.01, 50.0),  # Eq. 74's weights: the paper gives no value
+        "structural_weight": log_range(0.01, 50.0),
+        "Q": int_range(2, 20),  # the paper's sensitivity range (Fig. 4)
+    }
 
     backbone: str = FEDGMC_BACKBONE  # H2GCN (paper B.6) with σ = tanh for the ego embeddings (docs/fedgmc.md, item 18)
     share: str = "backbone"  # weights averaged besides the manifolds: "all", "backbone" (head local), "none"

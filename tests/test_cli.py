@@ -67,8 +67,9 @@ def test_tiny_grid_runs_skips_and_tabulates(env):
     table = runner.invoke(app, ["table", "-d", "tiny", "--rounds", "5", "--seeds", "2", "-f", "csv"])
     assert table.exit_code == 0, table.output
     rows = {line.split(",")[0]: line for line in table.stdout.splitlines()}
-    assert rows["Local"].split(",")[1].count("±") == 1 and "(n=" not in rows["Local"]
-    assert rows["FedAvg"].split(",")[2] == ""  # 10 clients: no runs, empty cell
+    assert rows["Local [gcn]"].split(",")[1].count("±") == 1 and "(n=" not in rows["Local [gcn]"]
+    assert rows["FedAvg [gcn]"].split(",")[2] == ""  # 10 clients: no runs, empty cell
+    assert "Protocol: paper" in table.stdout.splitlines()[0]
     # other hyperparameters select other runs: none stored for these
     other = runner.invoke(app, ["table", "-d", "tiny", "--rounds", "6", "-f", "csv"])
     assert "±" not in other.stdout
@@ -79,7 +80,7 @@ def test_partitions_and_methods_and_datasets_print(env):
     parts = runner.invoke(app, ["partitions", "-d", "tiny", "--scheme", "overlap", "--clients", "10"])
     assert parts.exit_code == 0 and "hash" in parts.output
     listing = runner.invoke(app, ["methods"])
-    assert listing.exit_code == 0 and "fedper" in listing.output and "h2gcn" in listing.output
+    assert listing.exit_code == 0 and "fedper" in listing.output and "h2gcn-tanh" in listing.output
     table3 = runner.invoke(app, ["datasets"], terminal_width=200)
     assert table3.exit_code == 0 and "absent" in table3.output and "Roman-empire" in table3.output
 

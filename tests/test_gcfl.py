@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from baselines.gcfl import GCFL, GCFLParams, dtw_distance
+from baselines.gcfl import GCFL, NORMS, GCFLParams, dtw_distance, split_criterion
 from gfl_bench.aggregation import model_state
 from gfl_bench.backbones import GCN
 from gfl_bench.method import Round, Setup, resolve_params
@@ -58,6 +58,37 @@ def test_split_happens_exactly_when_the_criterion_holds(round_index, scales, spl
     assert (len(server.clusters) == 2) is splits
     if splits:  # the minimum cut separates the two opposed groups
         assert sorted(server.clusters) == [GROUP_A, GROUP_B]
+
+
+def _updates(mean_norm: float, typical: float, longest: float, n: int = 10, dim: int = 4) -> torch.Tensor:
+    """`n` updates whose mean has length `mean_norm`, with one opposed pair of length `longest` and
+    the rest of length `typical`: a shared component along e0 plus +-a along e1 (pairs cancel)."""
+    updates = torch.zeros(n, dim, dtype=torch.float64)
+    updates[:, 0] = mean_norm
+    for i in range(n):
+        length = longest if i in (0, 1) else typical
+        updates[i, 1] = (1 if i % 2 == 0 else -1) * (length**2 - mean_norm**2) ** 0.5
+    return updates
+
+
+@pytest.mark.parametrize(
+    ("mean_norm", "longest", "splits"),
+    [
+        # scales of the un-split GCN runs after the warm-up (docs/baselines/gcfl.md): mean 0.44-0.77
+        # (median 0.57), median client 1.8-3.5 (median 2.56), longest client 2.0-4.0
+        (0.45, 3.3, True),  # more stationary than usual while one client moves unusually far
+        (0.57, 3.3, False),  # a typical post-warm-up mean: not near a stationary point
+        (0.45, 2.6, False),  # the longest update is only a typical client's length
+        (0.57, 2.6, False),  # a typical round, where the former 1.0 / 2.0 split (as in every measured one)
+    ],
+)
+def test_default_thresholds_split_only_atypical_rounds(mean_norm, longest, splits):
+    updates = _updates(mean_norm, typical=2.5, longest=longest)
+    assert updates.mean(dim=0).norm().item() == pytest.approx(mean_norm)
+    assert updates.norm(dim=1).max().item() == pytest.approx(longest)
+    assert split_criterion(updates, 20, GCFLParams()) is splits
+    assert split_criterion(updates, 19, GCFLParams()) is False  # warm-up: rounds 1-20 (1-based)
+    assert split_criterion(updates, 20, GCFLParams(eps1=1.0, eps2=2.0)) is True
 
 
 def test_averaging_stays_inside_clusters():
@@ -143,8 +174,13 @@ def test_splits_happen_in_the_round_loop_and_runs_are_deterministic(tiny_federat
     assert clusters[:3] == [1.0, 1.0, 1.0] and clusters[3] == 2.0 and clusters[-1] >= 2.0
     assert a["curves"] == b["curves"] and a["diagnostics"] == b["diagnostics"]
     assert a["curves"] != c["curves"]
+    assert set(a["diagnostics"]) == {"clusters", *NORMS}
     never = {"eps1": 100.0, "eps2": 1000.0, "warmup_rounds": 3}  # no client update is that long
-    assert _run(tiny_federation, cpu, 3, **never)["diagnostics"]["clusters"] == [1.0] * 8
+    diagnostics = _run(tiny_federation, cpu, 3, **never)["diagnostics"]
+    assert diagnostics["clusters"] == [1.0] * 8
+    # one cluster of everyone: the splittable clusters' smallest mean norm is the federation's
+    assert diagnostics["min_cluster_mean_norm"] == diagnostics["mean_update_norm"]
+    assert all(mean <= top and median <= top for mean, median, top in zip(*(diagnostics[k] for k in NORMS[:3])))
 
 
 def test_params_are_checked():

@@ -74,7 +74,7 @@ def test_table_matches_golden(store, name):
 
 def test_table_marks_failed_and_short_cells(store):
     result = CliRunner().invoke(app, ["table", "1", "-d", "cora", "-f", "csv", "--store", str(store), "--seeds", "3"])
-    rows = {line.split(",")[0]: line.split(",") for line in result.stdout.splitlines()}
+    rows = {line.split(",")[0].split(" [")[0]: line.split(",") for line in result.stdout.splitlines()}
     assert rows["FedProx"][3] == "failed"  # Cora, 20 clients
     assert rows["FedPer"][2].endswith("(n=2)")  # Cora, 10 clients: two of three seeds
     assert rows["Local"][1] == "51.20±0.16"  # 0.51 + {0, 0.002, 0.004}: mean 51.20 %, population std 0.16
@@ -84,7 +84,7 @@ def test_per_client_selection_reads_the_client_best_columns(store):
     args = ["table", "1", "-d", "cora", "-f", "csv", "--store", str(store), "--seeds", "3", "--selection", "per-client"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    rows = {line.split(",")[0]: line.split(",") for line in result.stdout.splitlines()}
+    rows = {line.split(",")[0].split(" [")[0]: line.split(",") for line in result.stdout.splitlines()}
     assert rows["Local"][1] == "53.20±0.16"  # the fixture's client-best test value is 2 points above `test`
     assert "Selection: per-client" in result.stdout
 
@@ -108,6 +108,8 @@ def test_ablation_table_marks_drops_and_gains_against_fedgmc():
     titles = {m: m for m in tests}
     (block,) = ablation_table(Selection(pd.DataFrame(rows), {}, expected_seeds=1), titles, ["cora"])
     column = block.text.columns[1]  # non-overlapping, 10 clients
+    assert list(block.text.index) == [f"{m} [h2gcn-tanh]" for m in tests if m != "fedgmc"] + ["fedgmc [h2gcn-tanh]"]
+    block.text.index = [label.split(" [")[0] for label in block.text.index]
     assert block.text.loc["fedgmc-wo-semantic", column] == "78.00±0.00 (↓ 2.00)"
     assert block.text.loc["fedgmc-wo-structural", column] == "81.00±0.00 (↑ 1.00)"
     assert block.text.loc["fedgmc-wo-refinement", column] == "80.00±0.00 (↓ 0.00)"
@@ -116,5 +118,5 @@ def test_ablation_table_marks_drops_and_gains_against_fedgmc():
 
 def test_cells_with_more_seeds_than_asked_are_marked_too(store):
     result = CliRunner().invoke(app, ["table", "1", "-d", "cora", "-f", "csv", "--store", str(store), "--seeds", "2"])
-    rows = {line.split(",")[0]: line.split(",") for line in result.stdout.splitlines()}
+    rows = {line.split(",")[0].split(" [")[0]: line.split(",") for line in result.stdout.splitlines()}
     assert rows["Local"][1].endswith("(n=3)") and not rows["FedPer"][2].endswith(")")  # FedPer, 10 clients: 2 seeds

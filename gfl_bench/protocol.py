@@ -1,0 +1,115 @@
+"""Protocols: named presets that resolve every method's full configuration in one setting.
+
+A table is honest only when it says how each row was configured, so every run belongs to exactly one
+protocol, its record stores the name, and its configuration key includes it: a table of one protocol
+can never pick up a run of another (docs/protocol.md, "Protocols").
+
+- `paper`: each method configured as the paper's numbers were produced. The method's Params defaults
+  are that configuration (the baselines' cells are FED-PUB's, run with FED-PUB's code family: 2-layer
+  GCN, plain-mean aggregation, regularisers as the released code behaves; FedGMC as the paper
+  describes it), plus `Method.paper_preset` where a source sets a value per dataset or partition.
+- `fair`: equal effort. Every method's `search_space` is searched on validation with the same trial
+  budget (`gflbench tune`, tuning seeds disjoint from the reporting seeds); the chosen values are read
+  from a reviewable JSON file per (dataset, scheme, clients) under the tuned folder.
+
+`--set` values apply on top of either protocol and are part of the resolved configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gfl_bench.errors import UserError
+
+PROTOCOLS = {
+    "paper": "each method as the paper's numbers were produced, with its source's code and defaults",
+    "fair": "every method tuned on validation with the same trial budget",
+}
+DEFAULT_PROTOCOL = "paper"
+TUNED_ENV = "GFLBENCH_TUNED"
+DEFAULT_TUNED_DIR = Path("results") / "tuned"
+
+
+class MissingTuning(UserError):
+    """`fair` asked for a setting that `gflbench tune` has not chosen values for."""
+
+
+def check_protocol(name: str) -> str:
+    if name not in PROTOCOLS:
+        raise UserError(f"unknown protocol {name!r}; choose from {', '.join(PROTOCOLS)}")
+    return name
+
+
+def tuned_dir(path: Path | None = None) -> Path:
+    """Where `fair`'s chosen values live: the given folder, else $GFLBENCH_TUNED, else results/tuned."""
+    if path is not None:
+        return Path(path)
+    return Path(os.environ[TUNED_ENV]) if os.environ.get(TUNED_ENV) else DEFAULT_TUNED_DIR
+
+
+def tuned_file(folder: Path, dataset: str, scheme: str, clients: int) -> Path:
+    return Path(folder) / f"{dataset}-{scheme}-{clients}.json"
+
+
+def read_tuned(folder: Path, dataset: str, scheme: str, clients: int) -> dict[str, Any]:
+    """The tuned file of one setting ({} when absent); a damaged file is an error naming it."""
+    path = tuned_file(folder, dataset, scheme, clients)
+    if not path.exists():
+        return {}
+    try:
+        content = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise UserError(f"cannot read the tuned values {path}: {error}; rerun `gflbench tune` for it") from None
+    if not isinstance(content, dict) or not isinstance(content.get("methods"), dict):
+        raise UserError(f"{path} is not a gflbench tuned-values file; rerun `gflbench tune` for it")
+    return content
+
+
+def write_tuned(folder: Path, dataset: str, scheme: str, clients: int, method: str, entry: Mapping[str, Any]) -> Path:
+    """Set one method's entry in the setting's file, atomically (a kill leaves the old file or the new one)."""
+    path = tuned_file(folder, dataset, scheme, clients)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    content = read_tuned(folder, dataset, scheme, clients) or {
+        "dataset": dataset, "scheme": scheme, "clients": clients, "methods": {},
+    }  # fmt: skip
+    content["methods"][method] = dict(entry)
+    content["methods"] = dict(sorted(content["methods"].items()))
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(content, indent=2, sort_keys=False) + "\n")
+    os.replace(partial, path)
+    return path
+
+
+def tune_command(method: str, dataset: str, scheme: str, clients: int) -> str:
+    return f"gflbench tune --method {method} --dataset {dataset} --partition {scheme} --clients {clients}"
+
+
+def protocol_values(
+    protocol: str, method: type, dataset: str, scheme: str, clients: int, folder: Path | None = None
+) -> dict[str, str]:
+    """The `key=value` settings a protocol gives one method in one setting, as `--set` strings."""
+    check_protocol(protocol)
+    preset = dict(method.paper_preset(dataset, scheme, clients))
+    if protocol == "paper":
+        return preset
+    entry = read_tuned(tuned_dir(folder), dataset, scheme, clients).get("methods", {}).get(method.name)
+    if entry is None:
+        raise MissingTuning(
+            f"protocol fair has no tuned values for {method.name} on {dataset} {scheme}-{clients}; "
+            f"run `{tune_command(method.name, dataset, scheme, clients)}` first"
+        )
+    return {**preset, **{key: str(value) for key, value in entry["values"].items()}}  # trials ran on the paper preset
+
+
+def hyperparameter_source(protocol: str, folder: Path | None = None) -> str:
+    """One line for a table caption: where the hyperparameters of its rows came from."""
+    if protocol == "paper":
+        return "hyperparameters: each method's paper or official-code defaults (docs/protocol.md)"
+    return (
+        f"hyperparameters: tuned on validation with the same trial budget per method "
+        f"(`gflbench tune`, tuning seeds disjoint from the reporting seeds; values in {tuned_dir(folder)})"
+    )

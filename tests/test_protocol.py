@@ -1,0 +1,178 @@
+"""Protocols: preset resolution, the protocol in every record, tables that never mix protocols, and tune."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from gfl_bench.errors import UserError
+from gfl_bench.method import all_methods, resolve_params
+from gfl_bench.protocol import MissingTuning, write_tuned
+from gfl_bench.spec import make_spec
+from gfl_bench.store import RunStore
+
+TINY = ["-d", "tiny", "--clients", "5", "--rounds", "4"]
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    monkeypatch.setenv("GFLBENCH_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("GFLBENCH_RESULTS", str(tmp_path / "runs.sqlite"))
+    monkeypatch.setenv("GFLBENCH_TUNED", str(tmp_path / "tuned"))
+    return tmp_path
+
+
+def test_paper_preset_is_the_code_family_configuration():
+    fedavg = make_spec("fedavg", "cora", "metis", 10, 0).params
+    assert (fedavg.backbone, fedavg.weighting) == ("gcn", "uniform")  # FED-PUB's code: GCN, plain mean
+    assert make_spec("local", "cora", "metis", 10, 0).params.backbone == "gcn"
+    assert make_spec("fedpub", "cora", "metis", 10, 0).params.regularizer_grad is False  # the released code
+    assert make_spec("fedpub", "cora", "metis", 10, 0).params.norm_scale == 3.0  # scripts: 3 disjoint ...
+    assert make_spec("fedpub", "cora", "overlap", 30, 0).params.norm_scale == 5.0  # ... 5 overlapping
+    assert make_spec("fedgmc", "cora", "metis", 10, 0).params.backbone == "h2gcn-tanh"
+    # --set applies on top of the preset
+    assert make_spec("fedpub", "cora", "metis", 10, 0, {"norm_scale": "7"}).params.norm_scale == 7.0
+
+
+def test_protocol_enters_the_configuration_key(tmp_path):
+    write_tuned(tmp_path, "tiny", "metis", 5, "fedavg", {"values": {"lr": 0.01}})
+    paper = make_spec("fedavg", "tiny", "metis", 5, 0, {"lr": "0.01"})
+    fair = make_spec("fedavg", "tiny", "metis", 5, 0, protocol="fair", tuned=tmp_path)
+    assert paper.params == fair.params and paper.config_key != fair.config_key
+
+
+def test_fair_reads_tuned_values_and_names_the_tune_command_when_missing(tmp_path):
+    with pytest.raises(MissingTuning, match="gflbench tune --method fedprox --dataset tiny --partition metis --clients 5"):
+        make_spec("fedprox", "tiny", "metis", 5, 0, protocol="fair", tuned=tmp_path)
+    write_tuned(tmp_path, "tiny", "metis", 5, "fedprox", {"values": {"lr": 0.02, "mu": 0.5, "backbone": "h2gcn-tanh"}})
+    params = make_spec("fedprox", "tiny", "metis", 5, 0, protocol="fair", tuned=tmp_path).params
+    assert (params.lr, params.mu, params.backbone) == (0.02, 0.5, "h2gcn-tanh")
+    with pytest.raises(UserError, match="unknown protocol"):
+        make_spec("fedprox", "tiny", "metis", 5, 0, protocol="best")
+
+
+def test_a_damaged_tuned_file_is_one_clear_error(tmp_path):
+    (tmp_path / "tiny-metis-5.json").write_text("{not json")
+    with pytest.raises(UserError, match="tiny-metis-5.json"):
+        make_spec("fedavg", "tiny", "metis", 5, 0, protocol="fair", tuned=tmp_path)
+
+
+@pytest.mark.parametrize("name", sorted(all_methods()))
+def test_every_search_space_value_is_a_valid_setting(name):
+    method = all_methods()[name]
+    for key, space in method.Params.search_space.items():
+        ends = space.choices if space.kind == "choice" else (space.low, space.high)
+        for value in ends:
+            value = int(value) if space.kind == "int" else value
+            assert getattr(resolve_params(method, {key: str(value)}), key) == value
+
+
+def test_record_stores_the_protocol_and_tables_never_mix_protocols(env):
+    runner = CliRunner()
+    assert runner.invoke(app, ["run", "-m", "fedavg", *TINY, "--seeds", "1"]).exit_code == 0
+    (record,) = RunStore(env / "runs.sqlite").records()
+    assert record["protocol"] == "paper" and record["config"]["protocol"] == "paper"
+
+    write_tuned(env / "tuned", "tiny", "metis", 5, "fedavg", {"values": {"lr": 0.01}})  # the paper's values
+    refused = runner.invoke(app, ["table", "--protocol", "fair", "-d", "tiny", "--rounds", "4", "-f", "csv"])
+    assert refused.exit_code == 2
+    assert "under protocol fair" in refused.stderr and "runs of protocol paper" in refused.stderr
+
+    assert runner.invoke(app, ["run", "-m", "fedavg", *TINY, "--seeds", "2", "--protocol", "fair"]).exit_code == 0
+    frame = RunStore(env / "runs.sqlite").frame()
+    assert sorted(frame["protocol"]) == ["fair", "fair", "paper"]
+    for protocol, seeds in (("paper", 1), ("fair", 2)):
+        shown = runner.invoke(app, ["table", "--protocol", protocol, "-d", "tiny", "--rounds", "4", "--seeds", "2", "-f", "csv"])
+        assert shown.exit_code == 0, shown.output
+        assert f"Protocol: {protocol}" in shown.stdout
+        row = next(line for line in shown.stdout.splitlines() if line.startswith("FedAvg [gcn]"))
+        assert ("(n=1)" in row) == (seeds == 1)  # each table counts only its own protocol's runs
+
+
+def test_same_computation_rows_are_marked(env):
+    runner = CliRunner()
+    assert runner.invoke(app, ["run", "-m", "fedavg,fedprox,fedgnn,local", *TINY, "--seeds", "1"]).exit_code == 0
+    table = runner.invoke(app, ["table", "-d", "tiny", "--rounds", "4", "--seeds", "1", "-f", "csv"])
+    labels = [line.split(",")[0] for line in table.stdout.splitlines()]
+    assert "FedProx [gcn] ≡ FedAvg" in labels and "FedGNN [gcn] ≡ FedAvg" in labels and "Local [gcn]" in labels
+    rows = {line.split(",")[0]: line.split(",")[1] for line in table.stdout.splitlines()}
+    assert rows["FedProx [gcn] ≡ FedAvg"] == rows["FedAvg [gcn]"] == rows["FedGNN [gcn] ≡ FedAvg"]
+    # two local epochs: the proximal term acts, the mark goes
+    assert runner.invoke(app, ["run", "-m", "fedavg,fedprox", *TINY, "--seeds", "1", "--local-epochs", "2"]).exit_code == 0
+    two = runner.invoke(app, ["table", "-d", "tiny", "--rounds", "4", "--local-epochs", "2", "--seeds", "1", "-f", "csv"])
+    assert "FedProx [gcn]," in two.stdout and "≡" not in two.stdout
+
+
+def test_tune_then_run_fair_then_table(env):
+    runner = CliRunner()
+    tuned = runner.invoke(app, ["tune", "-m", "fedavg,fedprox", *TINY, "--trials", "3", "--no-prune"])
+    assert tuned.exit_code == 0, tuned.output
+    content = json.loads((env / "tuned" / "tiny-metis-5.json").read_text())
+    for name in ("fedavg", "fedprox"):
+        entry = content["methods"][name]
+        assert entry["trials"]["complete"] == 3 and entry["budget"]["tuning_seeds"] == [1000]
+        assert set(entry["values"]) == set(all_methods()[name].Params.search_space)
+    assert "trial 3/3 complete" in tuned.stdout  # one plain line per trial off a terminal
+
+    ran = runner.invoke(app, ["run", "-m", "fedavg,fedprox", *TINY, "--seeds", "1", "--protocol", "fair"])
+    assert ran.exit_code == 0, ran.output
+    record = next(r for r in RunStore(env / "runs.sqlite").records() if r["method"] == "fedprox")
+    assert record["config"]["params"]["mu"] == content["methods"]["fedprox"]["values"]["mu"]
+    table = runner.invoke(app, ["table", "--protocol", "fair", "-d", "tiny", "--rounds", "4", "--seeds", "1", "-f", "csv"])
+    assert table.exit_code == 0 and "tuned on validation" in table.stdout
+    missing = runner.invoke(app, ["run", "-m", "local", *TINY, "--seeds", "1", "--protocol", "fair"])
+    assert missing.exit_code == 2 and "gflbench tune --method local" in missing.stderr
+
+
+def _trial_states(storage: Path) -> list[str]:
+    if not storage.exists():
+        return []
+    with sqlite3.connect(storage) as db:
+        try:
+            return [row[0] for row in db.execute("SELECT state FROM trials ORDER BY number")]
+        except sqlite3.OperationalError:  # tables not created yet
+            return []
+
+
+def test_tune_resumes_after_kill(tmp_path):
+    """SIGKILL while a trial runs: the rerun fails that trial, queues its values again and completes the budget."""
+    args = ["tune", "-m", "fedavg", "-d", "tiny", "--clients", "5", "--rounds", "60", "--trials", "4", "--no-prune",
+            "--store", str(tmp_path / "runs.sqlite"), "--tuned-dir", str(tmp_path / "tuned"), "--device", "cpu"]  # fmt: skip
+    env = {**os.environ, "GFLBENCH_DATA": str(tmp_path / "data")}
+    code = "import sys; from cli import app; sys.argv[0] = 'gflbench'; app()"
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], env=env, cwd=root,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    storage = tmp_path / "tuning.sqlite"
+    deadline = time.time() + 240
+    while time.time() < deadline:  # kill once a trial has completed and the next one is running
+        states = _trial_states(storage)
+        if "COMPLETE" in states and states[-1] == "RUNNING":
+            break
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.05)
+    else:
+        raise AssertionError("no trial finished in time")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    before = _trial_states(storage)
+    assert before[-1] == "RUNNING" and not (tmp_path / "tuned" / "tiny-metis-5.json").exists()
+
+    resumed = subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=root,
+                             capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    after = _trial_states(storage)
+    assert after[: len(before) - 1] == before[:-1]  # finished trials kept, not recomputed
+    assert after[len(before) - 1] == "FAIL" and after.count("COMPLETE") == 4
+    entry = json.loads((tmp_path / "tuned" / "tiny-metis-5.json").read_text())["methods"]["fedavg"]
+    assert entry["trials"] == {"complete": 4, "pruned": 0, "fail": 1}
