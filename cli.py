@@ -13,17 +13,22 @@ import functools
 import json
 import os
 import sys
+import time
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
-import typer
+if not sys.stdout.isatty():  # piped help is never cut to 80 columns (typer reads this when it formats help)
+    os.environ.setdefault("TERMINAL_WIDTH", "200")
+
+import typer  # noqa: E402
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from gfl_bench.datasets import DATA_DIR_ENV, dataset_spec, default_data_dir
+from gfl_bench.datasets import DATA_DIR_ENV, VERBOSE_ENV, dataset_spec, default_data_dir
 from gfl_bench.errors import UserError
 from gfl_bench.execute import Environment, Events
 from gfl_bench.method import all_methods
@@ -38,8 +43,20 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="gflbench: subgraph federated learning benchmark (FedGMC and baselines).",
 )
-console = Console()
-err_console = Console(stderr=True)
+# Off a terminal (piped, redirected, a log file) nothing is wrapped or cut: lines are as long as they need.
+console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 10000)
+err_console = Console(stderr=True, soft_wrap=True, width=None if sys.stderr.isatty() else 10000)
+
+
+@app.callback()
+def main(
+    verbose: Annotated[bool, typer.Option("--verbose", help="Show library output (PyG processing, warnings).")] = False,
+) -> None:
+    """gflbench: subgraph federated learning benchmark (FedGMC and baselines)."""
+    if verbose:
+        os.environ[VERBOSE_ENV] = "1"  # worker processes inherit it
+    else:
+        warnings.filterwarnings("ignore")
 
 
 DataDirOption = Annotated[
@@ -236,11 +253,16 @@ def sweep(
         specs = _grid_specs_checked(grid, table_, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned_dir)
     env = Environment(device, data_dir or default_data_dir(), threads)
     if dry_run:
+        import pandas as pd
+
         from gfl_bench.execute import pending
 
-        with RunStore(store) as runs:
-            todo = pending(specs, runs, False, retry_failed)
-            plan = estimate(todo, runs.frame())
+        if Path(store).exists():
+            with RunStore(store) as runs:
+                todo = pending(specs, runs, False, retry_failed)
+                plan = estimate(todo, runs.frame())
+        else:  # a dry run writes nothing, not even an empty store
+            todo, plan = specs, estimate(specs, pd.DataFrame())
         known = plan["est. seconds"].dropna()
         plan["est. seconds"] = plan["est. seconds"].map(lambda v: "?" if v != v else f"{v:.0f}")
         sys.stdout.write(plan.to_markdown(index=False) + "\n" if len(plan) else "")
@@ -307,29 +329,55 @@ def _run_grid(
             + (f"({again} of them stored, run again for their snapshots) " if again else "")
             + f"({'workers: ' + str(workers) if executor == 'local' else 'Ray'}, device {env.device})"
         )
-        with _progress() as progress:
-            overall = progress.add_task("runs", total=len(todo), status="")
+        # a bar with ETA in a terminal; piped or redirected, one plain line per finished run
+        terminal = console.is_terminal
+        begun, done = time.time(), [0]
+        with _progress() if terminal else contextlib.nullcontext() as progress:
+            overall = progress.add_task("runs", total=len(todo), status="") if terminal else 0
             tasks: dict[str, int] = {}
 
             def started(spec: RunSpec) -> None:
-                if workers == 1 and executor == "local":
+                if terminal and workers == 1 and executor == "local":
                     tasks[spec.run_key] = progress.add_task(_label(spec), total=spec.rounds, status="")
 
             def round_done(spec: RunSpec, index: int, val: float, test: float) -> None:
-                progress.update(tasks[spec.run_key], advance=1, status=f"val {val * 100:.2f} test {test * 100:.2f}")
+                if spec.run_key in tasks:
+                    progress.update(tasks[spec.run_key], advance=1, status=f"val {val * 100:.2f} test {test * 100:.2f}")
 
             def finished(spec: RunSpec, record: dict) -> None:
-                if spec.run_key in tasks:
-                    progress.remove_task(tasks.pop(spec.run_key))
+                done[0] += 1
                 outcome = f"test {record['test'] * 100:.2f}" if record["status"] == "ok" else "FAILED"
-                progress.update(overall, advance=1, status=f"last: {_label(spec)} {outcome}")
+                if terminal:
+                    if spec.run_key in tasks:
+                        progress.remove_task(tasks.pop(spec.run_key))
+                    progress.update(overall, advance=1, status=f"last: {_label(spec)} {outcome}")
+                else:
+                    elapsed = time.time() - begun
+                    eta = elapsed / done[0] * (len(todo) - done[0])
+                    seconds = record["finished_at"] - record["started_at"]
+                    sys.stdout.write(f"{done[0]}/{len(todo)} {_label(spec)} {outcome} {seconds:.0f} s "
+                                     f"ETA {_duration(eta)}\n")  # fmt: skip
+                    sys.stdout.flush()
                 if record["status"] != "ok":
-                    err_console.print(f"run failed: {_label(spec)}: {record['error']}", markup=False)
+                    err_console.print(f"run failed: {_label(spec)}: {record['error']}", markup=False, soft_wrap=True)
 
             execute(todo, runs, env, workers, executor, address, gpus_per_run, Events(started, round_done, finished))
         _print_summary(runs, specs)
-        if failed_before and not retry_failed:
-            console.print(f"{failed_before} cells of this grid are stored as failed; --retry-failed runs them again")
+        statuses = runs.statuses()
+        failed = sum(1 for s in specs if statuses.get(s.run_key) == "failed")
+    if failed:
+        err_console.print(
+            f"{failed} runs of this grid are stored as failed; list them with their error: "
+            f"gflbench failed --store {store}" + ("" if retry_failed else "; --retry-failed runs them again"),
+            markup=False, highlight=False, soft_wrap=True,
+        )
+        raise typer.Exit(1)
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
 
 
 def _label(spec: RunSpec) -> str:
@@ -342,6 +390,8 @@ def _progress() -> Progress:
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
         TextColumn("{task.fields[status]}"),
         console=console,
         transient=False,
@@ -363,6 +413,18 @@ def _print_summary(runs: RunStore, specs: list[RunSpec]) -> None:
     for (meth, ds, scheme, m), row in summary.iterrows():
         table.add_row(meth, ds, scheme, str(m), f"{row['mean']:.2f}±{row['std']:.2f}", str(int(row["n"])))
     console.print(table)
+
+
+@app.command()
+@friendly
+def failed(store: StoreOption = DEFAULT_STORE) -> None:
+    """Every run stored as failed, one line each, with its error; `--retry-failed` on run or sweep runs them again."""
+    with RunStore(store) as runs:
+        records = [r for r in runs.records() if r.get("status") == "failed"]
+    for r in records:
+        sys.stdout.write(f"{r['method']} {r['dataset']} {r['scheme']}-{r['clients']} seed {r['seed']} "
+                         f"protocol {r.get('protocol') or 'paper'}: {r.get('error', '')}\n")  # fmt: skip
+    console.print(f"{len(records)} failed runs in {store}", soft_wrap=True)
 
 
 @app.command()
@@ -422,7 +484,7 @@ def table(
             blocks, caption = tables.time_table(sel, rows, titles, chosen_datasets or tables.TIME_DATASETS), tables.CAPTIONS[7]
         else:
             blocks, caption = tables.results_table(n, sel, rows, titles, chosen_datasets), tables.CAPTIONS[n]
-        if number is None and not any((b.values.notna().any().any() or (b.text == "failed").any().any()) for b in blocks):
+        if n != 3 and not any((b.values.notna().any().any() or (b.text == "failed").any().any()) for b in blocks):
             continue
         if selection != "global" and n not in (3, 7):
             caption = caption.rstrip(".") + f". Selection: {selection} best validation round."
@@ -430,12 +492,14 @@ def table(
             caption = sel.caption(caption)
         rendered.append(tables.render(blocks, caption, fmt))
     if not rendered:
-        hint = ""
-        if frame is not None and len(frame):
-            stored = sorted(p for p in frame["protocol"].dropna().unique())
-            hint = (f" under protocol {protocol} (the store has runs of protocol {', '.join(stored) or 'none'}; "
-                    "pass the same --protocol/--set/--rounds/--local-epochs as to `gflbench run`)")  # fmt: skip
-        raise UserError(f"no stored runs match the tables' cells{hint}")
+        if frame is None or not len(frame):
+            raise UserError("no stored runs match the tables' cells")
+        stored = sorted(p for p in frame["protocol"].dropna().unique())
+        nearest = _nearest_configurations(store, frame, rows or list(frame["method"].unique()), sel, number)
+        raise UserError(
+            f"no stored runs match the tables' cells under protocol {protocol} (the store has runs of protocol "
+            f"{', '.join(stored) or 'none'}); nearest stored configurations: {nearest}"
+        )
     if fmt == "terminal":
         if out is not None:
             out.write_text("\n".join(_plain(r) for r in rendered))
@@ -449,6 +513,35 @@ def table(
         sys.stdout.write("\n".join(rendered))
     if out is not None:
         console.print(f"wrote {out}")
+
+
+def _nearest_configurations(store: Path, frame, methods: list[str], sel, number: str | None, shown: int = 3) -> str:
+    """The stored configurations closest to what the table asked for: the keys that differ, and the command for each."""
+    candidates = frame[frame["method"].isin(methods)] if methods else frame
+    firsts = candidates.drop_duplicates("config_key")
+    with RunStore(store) as runs:
+        records = runs.records(list(firsts["run_key"]))
+    found = []
+    for record in records:
+        spec = sel.spec_of(record["method"], record["dataset"], record["scheme"], record["clients"])
+        wanted = spec.config() if spec is not None else {"params": {}}
+        have = record["config"]
+        differ = {k: v for k, v in have["params"].items() if wanted["params"].get(k) != v}
+        for key in ("protocol", "rounds", "local_epochs"):
+            if wanted.get(key) != have.get(key):
+                differ[key] = have.get(key)
+        args = [f"gflbench table {number or ''}".rstrip(), f"-d {record['dataset']}", f"--store {store}"]
+        if have.get("protocol") not in (None, DEFAULT_PROTOCOL):
+            args.append(f"--protocol {have['protocol']}")
+        for key in ("rounds", "local_epochs"):
+            if key in differ:
+                args.append(f"--{key.replace('_', '-')} {differ[key]}")
+        args += [f"--set {record['method']}.{k}={v}" for k, v in differ.items() if k in have["params"]]
+        where = f"{record['method']} {record['dataset']} {record['scheme']}-{record['clients']}"
+        text = ", ".join(f"{k}={v}" for k, v in differ.items()) or "same configuration, other cells"
+        found.append((len(differ), f"{where} with {text}: `{' '.join(args)}`"))
+    found.sort(key=lambda item: item[0])
+    return "; ".join(text for _, text in found[:shown]) or "none"
 
 
 def _table_numbers(number: str | None) -> list[int]:
@@ -490,9 +583,9 @@ def _show(renderable) -> None:
 
 
 def _plain(renderable) -> str:
-    capture = Console(width=250, record=True, file=open(os.devnull, "w"))
+    capture = Console(width=10000, record=True, file=open(os.devnull, "w"))  # wide enough that nothing wraps
     capture.print(renderable)
-    return capture.export_text()
+    return "\n".join(line.rstrip() for line in capture.export_text().splitlines()) + "\n"
 
 
 @app.command()

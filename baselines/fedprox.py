@@ -15,12 +15,14 @@ import torch
 from torch import Tensor
 
 from baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
-from gfl_bench.method import Message, Method, Round, log_range, register
+from gfl_bench.method import Message, Method, Round, log_range, non_negative, register
 
 
 @dataclass(frozen=True)
 class FedProxParams(FedAvgParams):
     search_space = {**FedAvgParams.search_space, "mu": log_range(1e-3, 1.0)}  # the FedProx paper's grid's span
+
+    bounds = {"mu": non_negative()}
 
     backbone: str = "gcn"
     mu: float = 0.01

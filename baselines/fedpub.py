@@ -49,7 +49,9 @@ from torch_geometric.nn import GCNConv
 from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
 from gfl_bench.backbones import GCN, register_backbone
 from gfl_bench.errors import UserError
-from gfl_bench.method import SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, Setup, log_range, register
+from gfl_bench.method import (
+    SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, Setup, at_least, log_range, non_negative, positive, register, unit_interval,
+)
 from gfl_bench.training import TrainingClient
 
 
@@ -102,6 +104,11 @@ class FedPubParams(MethodParams):
         "norm_scale": log_range(1.0, 20.0),  # τ; the code's values 3, 5, 10 lie inside
         "l1": log_range(1e-4, 1e-2),  # the mask pruning threshold (and L1 weight when regularizer_grad)
     }
+
+    bounds = {
+        "norm_scale": positive(), "l1": non_negative(), "loc_l2": non_negative(), "proxy_blocks": at_least(1),
+        "proxy_block_size": at_least(1), "proxy_p_in": unit_interval(),
+    }  # fmt: skip
 
     backbone: str = "masked_gcn"
     norm_scale: float = 10.0  # τ in exp(τ·cos); parser default (the scripts use 3 for Cora-10, 5 for Cora-30 overlapping)

@@ -71,7 +71,9 @@ from baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from gfl_bench.backbones import Backbone, GraphSAGE, backbone_class
 from gfl_bench.errors import UserError
 from gfl_bench.graph_ops import binary_adjacency
-from gfl_bench.method import SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Setup, log_range, register
+from gfl_bench.method import (
+    SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Setup, at_least, log_range, non_negative, positive, register, unit_interval,
+)
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,13 @@ class FedSagePlusParams(FedAvgParams):
     """Classifier: the shared defaults (hidden 128, Adam lr 0.01, ...; paper B.6). NeighGen: official config."""
 
     search_space = {**SHARED_SEARCH_SPACE, "gen_lr": log_range(1e-3, 1e-1)}  # GraphSAGE is part of the method
+
+    bounds = {
+        "num_pred": at_least(1), "hidden_portion": unit_interval(), "gen_hidden": at_least(1), "latent_dim": at_least(1),
+        "gen_lr": positive(), "gen_weight_decay": non_negative(), "local_gen_epochs": non_negative(),
+        "fed_gen_epochs": non_negative(), "degree_weight": non_negative(), "feature_weight": non_negative(),
+        "class_weight": non_negative(),
+    }  # fmt: skip
 
     backbone: str = "sage"  # paper B.6: GraphSAGE encoder
     weighting: str = "uniform"  # official train_fedSagePC: 1/num_owners

@@ -43,7 +43,7 @@ from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
 from gfl_bench.backbones import Backbone
 from gfl_bench.errors import UserError
 from gfl_bench.method import (
-    BACKBONE_SEARCH_SPACE, SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, Setup, log_range, register,
+    BACKBONE_SEARCH_SPACE, SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, Setup, at_least, log_range, non_negative, register,
 )
 from gfl_bench.training import TrainingClient
 
@@ -64,6 +64,8 @@ class GCFLParams(MethodParams):
         "eps1": log_range(0.05, 2.0),  # spans the official 0.05 and the update norms measured on GCNs
         "eps2": log_range(0.1, 4.0),
     }  # fmt: skip
+
+    bounds = {"eps1": non_negative(), "eps2": non_negative(), "warmup_rounds": non_negative(), "seq_length": at_least(1)}
 
     backbone: str = "gcn"  # paper B.6: 2-layer GCN + classifier
     # Split thresholds. The official 0.05 / 0.1 (GIN, graph classification, Adam lr 1e-3) never

@@ -9,9 +9,12 @@ Raw files come from PyG's download, or from an offline mirror in PyG's raw layou
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,6 +142,23 @@ def _copy_from_mirror(spec: DatasetSpec, data_dir: Path) -> None:
             os.replace(partial, target)
 
 
+VERBOSE_ENV = "GFLBENCH_VERBOSE"  # set by `gflbench --verbose`; worker processes inherit it
+
+
+@contextlib.contextmanager
+def quiet_libraries() -> Iterator[None]:
+    """Hide PyG's "Processing... Done!" and library warnings unless the user asked for --verbose.
+
+    Errors still surface: they are exceptions, not prints.
+    """
+    if os.environ.get(VERBOSE_ENV):
+        yield
+        return
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
 def load_dataset(name: str, data_dir: Path | None = None) -> Data:
     """The preprocessed global graph of `name`: undirected, largest connected component, y of shape [N]."""
     spec = dataset_spec(name)
@@ -147,7 +167,8 @@ def load_dataset(name: str, data_dir: Path | None = None) -> Data:
     data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
     missing = missing_raw_files(spec, data_dir)
     try:
-        raw = _LOADERS[spec.name](spec, data_dir)
+        with quiet_libraries():
+            raw = _LOADERS[spec.name](spec, data_dir)
     except UserError:
         raise
     except Exception as error:  # a failed download surfaces as many exception types

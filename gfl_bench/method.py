@@ -17,6 +17,7 @@ generator training, two-stage methods) return `stages > 1`; most use one.
 from __future__ import annotations
 
 import dataclasses
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -67,6 +68,45 @@ def choice(*values: Any) -> Space:
     return Space("choice", choices=tuple(values))
 
 
+@dataclass(frozen=True)
+class Bound:
+    """The valid range of one numeric hyperparameter; `resolve_params` rejects values outside it."""
+
+    low: float | None = None  # None: unbounded below
+    high: float | None = None  # None: unbounded above
+    low_open: bool = False  # True: the value must be > low (else >= low)
+    high_open: bool = False  # True: the value must be < high (else <= high)
+
+    def admits(self, value: float) -> bool:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def describe(self) -> str:
+        parts = []
+        if self.low is not None:
+            parts.append(f"{'>' if self.low_open else '>='} {self.low:g}")
+        if self.high is not None:
+            parts.append(f"{'<' if self.high_open else '<='} {self.high:g}")
+        return " and ".join(parts) or "finite"
+
+
+def positive() -> Bound:
+    return Bound(0, low_open=True)
+
+
+def non_negative() -> Bound:
+    return Bound(0)
+
+
+def at_least(low: float) -> Bound:
+    return Bound(low)
+
+
+def unit_interval(high_open: bool = False) -> Bound:
+    return Bound(0, 1, high_open=high_open)
+
+
 # The optimiser and width every method shares; the `fair` protocol tunes them for every method with
 # one budget (docs/protocol.md, "fair"). Weight decay reaches 5e-4, OpenFGL's default.
 SHARED_SEARCH_SPACE: Mapping[str, Space] = {
@@ -89,6 +129,10 @@ class MethodParams:
     """
 
     search_space: ClassVar[Mapping[str, Space]] = SHARED_SEARCH_SPACE
+    # Valid ranges; a subclass declares only its own fields' (`valid_ranges` merges them along the MRO).
+    bounds: ClassVar[Mapping[str, Bound]] = {
+        "hidden": at_least(1), "lr": positive(), "weight_decay": non_negative(), "dropout": unit_interval(high_open=True),
+    }  # fmt: skip
 
     backbone: str = "gcn"
     hidden: int = 128
@@ -241,8 +285,20 @@ def all_methods() -> dict[str, type[Method]]:
     return dict(METHODS)
 
 
+def valid_ranges(params: type[MethodParams]) -> dict[str, Bound]:
+    """Every declared range of a Params class, its own and its bases'."""
+    merged: dict[str, Bound] = {}
+    for klass in reversed(params.__mro__):
+        merged.update(vars(klass).get("bounds", {}))
+    return merged
+
+
 def resolve_params(method: type[Method], overrides: Mapping[str, str]) -> MethodParams:
-    """The method's defaults with `key=value` overrides applied, each value parsed by its field's type."""
+    """The method's defaults with `key=value` overrides applied, each value parsed by its field's type.
+
+    Every numeric value must be finite and inside its declared range: a bad value is one UserError
+    naming the key, the value and the range, before any run starts.
+    """
     fields = {f.name: f for f in dataclasses.fields(method.Params)}
     defaults = method.Params()
     values: dict[str, Any] = {}
@@ -250,6 +306,13 @@ def resolve_params(method: type[Method], overrides: Mapping[str, str]) -> Method
         if key not in fields:
             raise UserError(f"{method.name} has no parameter {key!r}; it has {', '.join(fields)}")
         values[key] = _parse_value(method.name, key, raw, type(getattr(defaults, key)))
+    ranges = valid_ranges(method.Params)
+    for key, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        bound = ranges.get(key, Bound())
+        if not math.isfinite(value) or not bound.admits(value):
+            raise UserError(f"{method.name}.{key}={value!r} is out of range: it must be {bound.describe()}")
     return dataclasses.replace(defaults, **values)
 
 

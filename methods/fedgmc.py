@@ -45,7 +45,9 @@ from torch_geometric.data import Data
 from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
 from gfl_bench.backbones import BACKBONES, FEDGMC_BACKBONE, H2GCN, H2GCNRepresentations, backbone_class
 from gfl_bench.errors import UserError
-from gfl_bench.method import SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, Setup, int_range, log_range, register
+from gfl_bench.method import (
+    SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, Setup, at_least, int_range, log_range, non_negative, positive, register,
+)
 from gfl_bench.training import TrainingClient
 
 SHARES = ("all", "backbone", "none")
@@ -63,6 +65,11 @@ class FedGMCParams(MethodParams):
         "structural_weight": log_range(0.01, 50.0),
         "Q": int_range(2, 20),  # the paper's sensitivity range (Fig. 4)
     }
+
+    bounds = {
+        "Q": at_least(1), "B": at_least(1), "tau": positive(), "eta": positive(), "sinkhorn_reg": positive(),
+        "semantic_weight": non_negative(), "structural_weight": non_negative(),
+    }  # fmt: skip
 
     backbone: str = FEDGMC_BACKBONE  # H2GCN (paper B.6) with σ = tanh for the ego embeddings (docs/fedgmc.md, item 18)
     share: str = "backbone"  # weights averaged besides the manifolds: "all", "backbone" (head local), "none"

@@ -176,3 +176,31 @@ def test_tune_resumes_after_kill(tmp_path):
     assert after[len(before) - 1] == "FAIL" and after.count("COMPLETE") == 4
     entry = json.loads((tmp_path / "tuned" / "tiny-metis-5.json").read_text())["methods"]["fedavg"]
     assert entry["trials"] == {"complete": 4, "pruned": 0, "fail": 1}
+
+
+@pytest.mark.parametrize("name", sorted(all_methods()))
+def test_defaults_lie_inside_the_declared_ranges(name):
+    from gfl_bench.method import valid_ranges
+
+    params = all_methods()[name].Params()
+    for key, bound in valid_ranges(type(params)).items():
+        assert bound.admits(getattr(params, key)), (name, key)
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("lr=-1", "fedavg.lr=-1.0 is out of range: it must be > 0"),
+        ("lr=nan", "fedavg.lr=nan is out of range"),
+        ("weight_decay=-0.1", "fedavg.weight_decay=-0.1 is out of range: it must be >= 0"),
+        ("dropout=1", "fedavg.dropout=1.0 is out of range: it must be >= 0 and < 1"),
+        ("hidden=0", "fedavg.hidden=0 is out of range: it must be >= 1"),
+        ("fedprox.mu=-1", "fedprox.mu=-1.0 is out of range"),
+    ],
+)
+def test_bad_values_are_one_line_before_anything_is_stored(env, setting, message):
+    result = CliRunner().invoke(app, ["run", "-m", "fedavg,fedprox", *TINY, "--seeds", "1", "--set", setting])
+    assert result.exit_code == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert not (env / "runs.sqlite").exists()
