@@ -188,7 +188,12 @@ def _write_entry(study: Any, space: Mapping[str, Space], budget: Budget, probe: 
                  storage_path: Path, tuned_folder: Path) -> dict[str, Any]:  # fmt: skip
     from optuna.trial import TrialState
 
-    trials = study.get_trials(deepcopy=False)
+    # The budget is a prefix of the study: with a smaller --trials than a study already ran, the entry
+    # is what that smaller budget would have chosen (TPE and the pruner only look at earlier trials).
+    ordered = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
+    finished = [t for t in ordered if t.state in (TrialState.COMPLETE, TrialState.PRUNED)][: budget.trials]
+    last = finished[-1].number if finished else -1
+    trials = [t for t in ordered if t.number <= last]
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     if not complete:
         raise UserError(f"study {name} has no completed trial; run `gflbench tune` again with more --trials")

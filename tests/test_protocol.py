@@ -204,3 +204,16 @@ def test_bad_values_are_one_line_before_anything_is_stored(env, setting, message
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], result.stderr
     assert not (env / "runs.sqlite").exists()
+
+
+def test_a_smaller_budget_reads_a_prefix_of_the_study(env):
+    """The entry for --trials 2 is what a 2-trial study would have chosen, even after 4 trials ran."""
+    runner = CliRunner()
+    args = ["tune", "-m", "fedavg", *TINY, "--no-prune"]
+    assert runner.invoke(app, [*args, "--trials", "4"]).exit_code == 0
+    four = json.loads((env / "tuned" / "tiny-metis-5.json").read_text())["methods"]["fedavg"]
+    again = runner.invoke(app, [*args, "--trials", "2"])
+    assert again.exit_code == 0 and "trial" not in again.stdout.split("best validation")[0]  # nothing re-run
+    two = json.loads((env / "tuned" / "tiny-metis-5.json").read_text())["methods"]["fedavg"]
+    assert four["trials"]["complete"] == 4 and two["trials"]["complete"] == 2
+    assert two["trial"] in (0, 1) and two["validation"] <= four["validation"]
