@@ -11,7 +11,9 @@ stored as failed with its error and the sweep goes on; `--retry-failed` runs suc
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import multiprocessing
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -107,13 +109,14 @@ def execute(
             record = run_job(spec, env, lambda i, v, t, spec=spec: events.round_done(spec, i, v, t))
             store.put(record, replace=True)
             events.finished(spec, record)
+            _test_pause(store)
     else:
         _execute_pool(specs, store, env, workers, events)
 
 
 def _execute_pool(specs: list[RunSpec], store: RunStore, env: Environment, workers: int, events: Events) -> None:
     context = multiprocessing.get_context("spawn")  # fork would copy CUDA state and threads
-    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_die_with_parent) as pool:
         futures = {pool.submit(run_job, spec, env): spec for spec in specs}
         for spec in specs[:workers]:
             events.started(spec)
@@ -126,6 +129,30 @@ def _execute_pool(specs: list[RunSpec], store: RunStore, env: Environment, worke
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)
             raise
+
+
+PAUSE_ENV = "GFLBENCH_TEST_PAUSE_AFTER"  # tests only: hold the grid after this many stored runs
+
+
+def _test_pause(store: RunStore) -> None:
+    """Let a fault test deliver its signal mid-grid whatever the machine's speed (never set by users)."""
+    after = os.environ.get(PAUSE_ENV)
+    if after and len(store) >= int(after):
+        time.sleep(3600)
+
+
+def _die_with_parent() -> None:
+    """A worker ends when its driver dies (even by kill -9), instead of computing runs no one will store.
+
+    Linux only (prctl PR_SET_PDEATHSIG); elsewhere a worker ends after its current run, as before.
+    """
+    import ctypes
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
 def _execute_ray(

@@ -141,20 +141,36 @@ def cached_partition(
     fractions: tuple[float, float, float],
     cache_dir: Path | None,
 ) -> Partition:
-    """`make_partition`, kept on disk keyed by dataset, scheme, client count, data seed and graph hash."""
+    """`make_partition`, kept on disk keyed by dataset, scheme, client count, data seed and graph hash.
+
+    The file carries the partition's content digest; a cache file that does not load, or whose
+    content no longer matches its digest (a damaged disk, a hand edit), is rebuilt, never trusted.
+    """
     if cache_dir is None:
         return make_partition(graph, scheme, num_clients, data_seed, fractions)
     fingerprint = graph_fingerprint(graph)
     path = Path(cache_dir) / dataset / f"{scheme}-M{num_clients}-seed{data_seed}-{fingerprint}.pt"
     if path.exists():
-        stored = torch.load(path)
-        return Partition(scheme, data_seed, stored["split"], tuple(stored["client_nodes"]))
+        cached = _load_cached(path, scheme, data_seed)
+        if cached is not None:
+            return cached
     partition = make_partition(graph, scheme, num_clients, data_seed, fractions)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + f".{os.getpid()}.partial")
-    torch.save({"split": partition.split, "client_nodes": list(partition.client_nodes)}, partial)
+    payload = {"split": partition.split, "client_nodes": list(partition.client_nodes), "digest": partition.digest()}
+    torch.save(payload, partial)
     os.replace(partial, path)  # atomic: a killed run never leaves a truncated cache file
     return partition
+
+
+def _load_cached(path: Path, scheme: str, data_seed: int) -> Partition | None:
+    """The cached partition if the file loads and matches its stored digest; None means rebuild it."""
+    try:
+        stored = torch.load(path)
+        partition = Partition(scheme, data_seed, stored["split"], tuple(stored["client_nodes"]))
+        return partition if partition.digest() == stored["digest"] else None
+    except Exception:  # noqa: BLE001 - any damage (truncation, garbage, missing keys) means: rebuild
+        return None
 
 
 def client_graphs(graph: Data, partition: Partition) -> list[Data]:

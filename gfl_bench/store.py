@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pandas as pd
 
 from gfl_bench.errors import UserError
 
+SCHEMA_VERSION = 2  # PRAGMA user_version; 2: the protocol column. A newer store is refused, never rewritten.
 RESULTS_ENV = "GFLBENCH_RESULTS"
 DEFAULT_STORE = Path("results") / "runs.sqlite"
 
@@ -27,7 +29,7 @@ _COLUMNS = (
 )  # fmt: skip
 
 # Columns added after the first stores were written: opened stores gain them (NULL for older runs).
-_ADDED_COLUMNS = {"val_client_best": "REAL", "test_client_best": "REAL", "protocol": "TEXT"}
+_ADDED_COLUMNS = {"val_client_best": "REAL", "test_client_best": "REAL", "protocol": "TEXT", "checksum": "INTEGER"}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -51,7 +53,8 @@ CREATE TABLE IF NOT EXISTS runs (
     test_client_best REAL,
     seconds_per_round REAL,
     finished_at REAL NOT NULL,
-    record TEXT NOT NULL
+    record TEXT NOT NULL,
+    checksum INTEGER
 );
 CREATE INDEX IF NOT EXISTS runs_cell ON runs (method, dataset, scheme, clients, config_key);
 """
@@ -61,16 +64,43 @@ class RunStore:
     """Finished runs on disk. Reads never block a writer; a write is all or nothing."""
 
     def __init__(self, path: Path) -> None:
+        """Open (or create) the store; a damaged or newer store is refused before anything is written to it."""
         self.path = Path(path)
+        existed = self.path.exists() and self.path.stat().st_size > 0
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, timeout=60)
+            if existed:
+                self._check()
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
             self._add_missing_columns()
+            if self._db.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+                self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except UserError:
+            self._db.close()
+            raise
         except (OSError, sqlite3.DatabaseError) as error:
             raise UserError(f"cannot open the run store {self.path}: {error}") from None
+
+    def _check(self) -> None:
+        """Refuse a store that SQLite finds damaged, or that a newer gflbench wrote."""
+        damaged = (f"the run store {self.path} is damaged ({{}}); nothing was written to it: restore it from a "
+                   "backup, or move it away to start a new one (`sqlite3 FILE .recover` may save its runs)")  # fmt: skip
+        try:
+            verdict = [row[0] for row in self._db.execute("PRAGMA quick_check").fetchall()]
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.DatabaseError as error:
+            raise UserError(damaged.format(error)) from None
+        if verdict != ["ok"]:
+            raise UserError(damaged.format("quick_check: " + "; ".join(" ".join(v.split()) for v in verdict[:3])))
+        bad = self._rows_failing_checksum()
+        if bad:
+            raise UserError(damaged.format(f"{bad} runs no longer match their checksum"))
+        if version > SCHEMA_VERSION:
+            raise UserError(f"the run store {self.path} was written by a newer gflbench (schema {version}, this one "
+                            f"reads {SCHEMA_VERSION}); upgrade gflbench to use it")  # fmt: skip
 
     def _add_missing_columns(self) -> None:
         """Bring a store written by an older gflbench up to the current columns, in one transaction."""
@@ -99,6 +129,15 @@ class RunStore:
         """run_key -> "ok" or "failed", for every stored run."""
         return dict(self._db.execute("SELECT run_key, status FROM runs").fetchall())
 
+    def _rows_failing_checksum(self) -> int:
+        """Rows whose content changed since they were written (SQLite's checks see structure, not content)."""
+        present = {row[1] for row in self._db.execute("PRAGMA table_info(runs)")}
+        if "checksum" not in present:
+            return 0  # a store from before checksums: nothing to compare against
+        names = ", ".join((*_COLUMNS, "record"))
+        rows = self._db.execute(f"SELECT {names}, checksum FROM runs WHERE checksum IS NOT NULL")
+        return sum(1 for *values, checksum in rows if _checksum(values) != checksum)
+
     def put(self, record: dict, replace: bool = False) -> None:
         """Store a finished run; an existing key is kept unless `replace` (then swapped atomically)."""
         row = {
@@ -107,6 +146,7 @@ class RunStore:
             "seconds_per_round": _mean(record.get("seconds_per_round", [])),
             "record": json.dumps(record, sort_keys=True),
         }
+        row["checksum"] = _checksum(list(row.values()))
         verb = "INSERT OR REPLACE" if replace else "INSERT OR IGNORE"
         names = ", ".join(row)
         marks = ", ".join("?" for _ in row)
@@ -135,6 +175,11 @@ class RunStore:
     def frame(self) -> pd.DataFrame:
         """The summary columns of every stored run, one row each."""
         return pd.read_sql_query(f"SELECT {', '.join(_COLUMNS)} FROM runs", self._db)
+
+
+def _checksum(values: list) -> int:
+    """CRC-32 of a row's summary columns and record, in column order: cheap enough to verify every open."""
+    return zlib.crc32(json.dumps(values, separators=(",", ":")).encode())
 
 
 def _mean(values: list[float]) -> float | None:
