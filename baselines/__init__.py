@@ -1,7 +1,1 @@
-"""Baselines, one module each. Importing this package imports every module in it, which registers them."""
-
-import importlib
-import pkgutil
-
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+"""Baselines, one module each; each registers through the `gflbench.methods` entry points in pyproject.toml."""

@@ -19,7 +19,7 @@ import torch
 
 from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
 from gfl_bench.errors import UserError
-from gfl_bench.method import BACKBONE_SEARCH_SPACE, SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, register
+from gfl_bench.method import BACKBONE_SEARCH_SPACE, SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server
 from gfl_bench.training import TrainingClient
 
 WEIGHTINGS = ("train", "uniform")
@@ -72,7 +72,6 @@ class FedAvgServer(Server):
         self.global_weights = weighted_mean(states, weights)
 
 
-@register
 class FedAvg(Method):
     name = "fedavg"
     title = "FedAvg"

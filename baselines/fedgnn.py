@@ -58,7 +58,7 @@ from baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from gfl_bench.backbones import Backbone
 from gfl_bench.errors import UserError
 from gfl_bench.graph_ops import gcn_adjacency
-from gfl_bench.method import SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Setup, register
+from gfl_bench.method import SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Setup
 
 MATCHING = Round(0, 0)  # the exchange in which clients upload node hashes and the server matches them
 
@@ -236,7 +236,6 @@ class FedGNNServer(FedAvgServer):
         }
 
 
-@register
 class FedGNN(Method):
     name = "fedgnn"
     title = "FedGNN"

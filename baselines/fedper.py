@@ -15,7 +15,7 @@ import torch
 
 from baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from gfl_bench.aggregation import model_state
-from gfl_bench.method import Method, register
+from gfl_bench.method import Method
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,6 @@ class FedPerServer(FedAvgServer):
         return model_state(self.model, exclude_prefix=self.model.head)
 
 
-@register
 class FedPer(Method):
     name = "fedper"
     title = "FedPer"

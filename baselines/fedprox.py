@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
-from gfl_bench.method import Message, Method, Round, log_range, non_negative, register
+from gfl_bench.method import Message, Method, Round, log_range, non_negative
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,6 @@ class FedProxClient(FedAvgClient):
         return super().loss() + 0.5 * self.params.mu * proximal
 
 
-@register
 class FedProx(Method):
     name = "fedprox"
     title = "FedProx"

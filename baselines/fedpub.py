@@ -50,7 +50,7 @@ from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
 from gfl_bench.backbones import GCN, register_backbone
 from gfl_bench.errors import UserError
 from gfl_bench.method import (
-    SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, Setup, at_least, log_range, non_negative, positive, register, unit_interval,
+    SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, Setup, at_least, log_range, non_negative, positive, unit_interval,
 )
 from gfl_bench.training import TrainingClient
 
@@ -238,7 +238,6 @@ class FedPubServer(Server):
         return {"alpha": self.alpha.cpu()}
 
 
-@register
 class FedPub(Method):
     name = "fedpub"
     title = "FED-PUB"

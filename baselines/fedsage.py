@@ -72,7 +72,7 @@ from gfl_bench.backbones import Backbone, GraphSAGE, backbone_class
 from gfl_bench.errors import UserError
 from gfl_bench.graph_ops import binary_adjacency
 from gfl_bench.method import (
-    SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Setup, at_least, log_range, non_negative, positive, register, unit_interval,
+    SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Setup, at_least, log_range, non_negative, positive, unit_interval,
 )
 
 
@@ -377,7 +377,6 @@ class FedSagePlusServer(FedAvgServer):
             self.gradients = {cid: u["gradients"] for cid, u in uploads.items()}
 
 
-@register
 class FedSagePlus(Method):
     name = "fedsage+"
     title = "FedSage+"

@@ -43,7 +43,7 @@ from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
 from gfl_bench.backbones import Backbone
 from gfl_bench.errors import UserError
 from gfl_bench.method import (
-    BACKBONE_SEARCH_SPACE, SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, Setup, at_least, log_range, non_negative, register,
+    BACKBONE_SEARCH_SPACE, SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, Setup, at_least, log_range, non_negative,
 )
 from gfl_bench.training import TrainingClient
 
@@ -238,7 +238,6 @@ class GCFLServer(Server):
         return {"cluster": assignment}
 
 
-@register
 class GCFL(Method):
     name = "gcfl"
     title = "GCFL"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gfl_bench.method import BACKBONE_SEARCH_SPACE, SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, register
+from gfl_bench.method import BACKBONE_SEARCH_SPACE, SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server
 from gfl_bench.training import TrainingClient
 
 
@@ -37,7 +37,6 @@ class LocalServer(Server):
         """Nothing arrives and nothing is kept."""
 
 
-@register
 class Local(Method):
     name = "local"
     title = "Local"

@@ -17,6 +17,8 @@ generator training, two-stage methods) return `stages > 1`; most use one.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.metadata
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -257,32 +259,36 @@ class Method:
         return None
 
 
-METHODS: dict[str, type[Method]] = {}
+ENTRY_POINT_GROUP = "gflbench.methods"  # name = CLI name, value = "module:MethodClass"
 
 
-def register(method: type[Method]) -> type[Method]:
-    """Class decorator that makes a method available by its CLI name."""
-    if method.name in METHODS and METHODS[method.name] is not method:
-        raise ValueError(f"method name {method.name!r} registered twice")
-    METHODS[method.name] = method
-    return method
+@functools.cache
+def all_methods() -> dict[str, type[Method]]:
+    """Every installed method, by CLI name: the `gflbench.methods` entry points of every installed package.
+
+    The harness knows no method: the project's own baselines and FedGMC register exactly as a
+    researcher's plug-in package does (docs/architecture.md, "Write your own method").
+    """
+    found: dict[str, type[Method]] = {}
+    for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            method = point.load()
+        except Exception as error:  # noqa: BLE001 - a broken plug-in is named, not a traceback
+            raise UserError(f"the method plug-in {point.name!r} ({point.value}) does not load: {error}") from None
+        if not (isinstance(method, type) and issubclass(method, Method)) or method.name != point.name:
+            raise UserError(f"entry point {point.name!r} = {point.value} must name a Method subclass whose name is {point.name!r}")
+        if point.name in found and found[point.name] is not method:
+            raise UserError(f"method name {point.name!r} is registered by two packages ({point.value})")
+        found[point.name] = method
+    return found
 
 
 def method_class(name: str) -> type[Method]:
-    import baselines  # noqa: F401  (registers the baselines)
-    import methods  # noqa: F401  (registers FedGMC and its variants)
-
+    methods = all_methods()
     try:
-        return METHODS[name]
+        return methods[name]
     except KeyError:
-        raise UserError(f"unknown method {name!r}; choose from {', '.join(sorted(METHODS))}") from None
-
-
-def all_methods() -> dict[str, type[Method]]:
-    import baselines  # noqa: F401
-    import methods  # noqa: F401
-
-    return dict(METHODS)
+        raise UserError(f"unknown method {name!r}; choose from {', '.join(sorted(methods))}") from None
 
 
 def valid_ranges(params: type[MethodParams]) -> dict[str, Bound]:

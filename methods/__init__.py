@@ -1,5 +1,1 @@
-"""The benchmark's own method(s); importing this package registers them."""
-
-from methods import fedgmc
-
-__all__ = ["fedgmc"]
+"""The benchmark's own method, FedGMC, and its ablations; registered through the `gflbench.methods` entry points."""

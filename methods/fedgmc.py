@@ -46,7 +46,7 @@ from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
 from gfl_bench.backbones import BACKBONES, FEDGMC_BACKBONE, H2GCN, H2GCNRepresentations, backbone_class
 from gfl_bench.errors import UserError
 from gfl_bench.method import (
-    SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, Setup, at_least, int_range, log_range, non_negative, positive, register,
+    SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, Setup, at_least, int_range, log_range, non_negative, positive,
 )
 from gfl_bench.training import TrainingClient
 
@@ -501,7 +501,6 @@ class FedGMCServer(Server):
 # ----------------------------------------------------------------------------- registration
 
 
-@register
 class FedGMC(Method):
     name = "fedgmc"
     title = "FedGMC"
@@ -526,7 +525,6 @@ class FedGMCWithoutRefinementParams(FedGMCParams):
     refine: bool = False
 
 
-@register
 class FedGMCWithoutSemantic(FedGMC):
     name = "fedgmc-wo-semantic"
     title = "FedGMC (w/o Semantic)"
@@ -534,7 +532,6 @@ class FedGMCWithoutSemantic(FedGMC):
     Params = FedGMCWithoutSemanticParams
 
 
-@register
 class FedGMCWithoutStructural(FedGMC):
     name = "fedgmc-wo-structural"
     title = "FedGMC (w/o Structural)"
@@ -542,7 +539,6 @@ class FedGMCWithoutStructural(FedGMC):
     Params = FedGMCWithoutStructuralParams
 
 
-@register
 class FedGMCWithoutRefinement(FedGMC):
     name = "fedgmc-wo-refinement"
     title = "FedGMC (w/o Refinement)"
