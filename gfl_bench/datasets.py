@@ -128,18 +128,32 @@ def is_available(name: str, data_dir: Path) -> bool:
 
 
 def _copy_from_mirror(spec: DatasetSpec, data_dir: Path) -> None:
-    """Copy the raw files of `spec` from the read-only mirror into the writable data directory."""
+    """Copy the raw files of `spec` from the read-only mirror into the writable data directory.
+
+    A cached copy whose size differs from the mirror's (a truncated copy, a mirror fixed since) is
+    copied again, and the dataset's `processed/` folder, built from the old copy, is removed so PyG
+    rebuilds it.
+    """
     mirror = os.environ.get(RAW_MIRROR_ENV)
     if not mirror:
         return
-    for rel in spec.raw_files:
-        source = Path(mirror).expanduser() / spec.folder / rel
-        target = data_dir / spec.folder / rel
-        if source.is_file() and not target.exists():
+    try:
+        for rel in spec.raw_files:
+            source = Path(mirror).expanduser() / spec.folder / rel
+            target = data_dir / spec.folder / rel
+            if not source.is_file() or (target.exists() and target.stat().st_size == source.stat().st_size):
+                continue
             target.parent.mkdir(parents=True, exist_ok=True)
             partial = target.with_name(target.name + ".partial")
             shutil.copyfile(source, partial)  # copyfile: the mirror's read-only mode must not follow
             os.replace(partial, target)
+            for processed in (data_dir / spec.folder).rglob("processed"):
+                shutil.rmtree(processed, ignore_errors=True)
+    except OSError as error:
+        raise UserError(
+            f"cannot copy {spec.name!r} into the data directory {data_dir}: {error.strerror or error}; "
+            f"set {DATA_DIR_ENV} or --data-dir to a writable folder"
+        ) from None
 
 
 VERBOSE_ENV = "GFLBENCH_VERBOSE"  # set by `gflbench --verbose`; worker processes inherit it
@@ -172,8 +186,12 @@ def load_dataset(name: str, data_dir: Path | None = None) -> Data:
     except UserError:
         raise
     except Exception as error:  # a failed download surfaces as many exception types
-        if not missing:
-            raise
+        if not missing:  # the files are there but do not parse: name them and say what to do
+            raise UserError(
+                f"dataset {name!r}: the files in {data_dir / spec.folder} could not be read ({type(error).__name__}: "
+                f"{error}); a raw or processed file is truncated or corrupted: fix the mirror ({RAW_MIRROR_ENV}) or "
+                f"delete {data_dir / spec.folder} to copy or download it again"
+            ) from None
         shown = ", ".join(str(p) for p in missing[:3]) + (f" (+{len(missing) - 3} more)" if len(missing) > 3 else "")
         raise UserError(
             f"dataset {name!r} is not available offline and could not be downloaded ({type(error).__name__}); "

@@ -167,3 +167,45 @@ def test_a_damaged_partition_cache_file_is_rebuilt_not_trusted(tmp_path):
     path.write_bytes(b"garbage")  # does not load at all
     assert cached_partition(graph, "tiny", "metis", 5, 1234, (0.2, 0.4, 0.4), folder).digest() == original.digest()
     assert torch.load(path)["digest"] == original.digest()  # rewritten
+
+
+def _cora_mirror(tmp_path: Path) -> Path:
+    import shutil
+
+    source = Path(os.environ.get("GFLBENCH_RAW_MIRROR", ROOT.parent / "shared" / "data")) / "Cora"
+    if not source.is_dir():
+        pytest.skip("the Cora raw files are not in GFLBENCH_RAW_MIRROR")
+    mirror = tmp_path / "mirror"
+    shutil.copytree(source, mirror / "Cora")
+    return mirror
+
+
+def _partitions(tmp_path: Path, mirror: Path, data: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GFLBENCH_RAW_MIRROR": str(mirror), "GFLBENCH_DATA": str(data)}
+    return subprocess.run([sys.executable, "-c", CODE, "partitions", "-d", "cora", "--clients", "5"], env=env,
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+
+
+def test_a_truncated_raw_file_is_named_and_a_fixed_mirror_is_copied_again(tmp_path):
+    mirror = _cora_mirror(tmp_path)
+    graph = mirror / "Cora" / "raw" / "ind.cora.graph"
+    good = graph.read_bytes()
+    graph.write_bytes(good[: len(good) // 3])
+    data = tmp_path / "data"
+    broken = _partitions(tmp_path, mirror, data)
+    lines = [line for line in broken.stderr.splitlines() if line.strip()]
+    assert broken.returncode == 2 and len(lines) == 1 and str(data / "Cora") in lines[0] and "corrupted" in lines[0]
+    graph.write_bytes(good)  # the mirror is fixed: the stale copy in the data directory must not stick
+    fixed = _partitions(tmp_path, mirror, data)
+    assert fixed.returncode == 0, fixed.stderr
+    assert (data / "Cora" / "raw" / "ind.cora.graph").read_bytes() == good
+
+
+def test_an_unwritable_data_directory_is_one_clear_line(tmp_path):
+    """The data directory cannot take the copy (a file in its place: unwritable even for root, as CI runs)."""
+    mirror = _cora_mirror(tmp_path)
+    data = tmp_path / "data"
+    data.write_text("not a folder")
+    result = _partitions(tmp_path, mirror, data)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1 and "writable" in lines[0] and str(data) in lines[0], result.stderr
