@@ -54,7 +54,7 @@ def _integrity(store: Path) -> str:
 def test_sigkill_of_a_parallel_sweep_at_random_moments_loses_and_duplicates_nothing(tmp_path):
     store, rng = tmp_path / "runs.sqlite", random.Random(7)
     finished: dict[str, float] = {}
-    for _ in range(5):
+    for _ in range(int(os.environ.get("GFLBENCH_SOAK_KILLS", "5"))):  # bench/soak_kill.sh asks for more
         proc = _start(SWEEP, tmp_path, store)
         deadline = time.time() + 300
         while time.time() < deadline and proc.poll() is None and len(_stored(store)) <= len(finished):
