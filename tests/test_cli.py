@@ -100,3 +100,31 @@ def test_snapshots_of_a_stored_run_are_made_by_running_it_again(env, tmp_path):
     assert len(store) == 1 and (rerun["curves"], rerun["test"]) == (record["curves"], record["test"])  # deterministic
     third = runner.invoke(app, [*args, "--snapshot-rounds", "0,2", "--snapshot-dir", str(snaps)])
     assert "0 to run" in third.output
+
+
+def test_piped_output_is_one_plain_line_per_run_and_a_dry_run_writes_nothing(env):
+    runner = CliRunner()
+    result = runner.invoke(app, ["run", "-m", "local,fedavg", "-d", "tiny", "--clients", "5", "--seeds", "1", "--rounds", "3"])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stdout.splitlines() if "/2 " in line]
+    assert len(lines) == 2 and lines[0].startswith("1/2 local tiny metis-5 seed 0 test ") and " ETA " in lines[0]
+    dry = runner.invoke(app, ["sweep", "-m", "fedavg", "-d", "tiny", "--clients", "5", "--seeds", "2", "--dry-run",
+                              "--store", str(env / "other.sqlite")])  # fmt: skip
+    assert dry.exit_code == 0 and "2 runs in the grid, 2 missing" in dry.stdout
+    assert not (env / "other.sqlite").exists()
+
+
+def test_a_table_that_matches_nothing_names_the_nearest_stored_configuration(env):
+    runner = CliRunner()
+    assert runner.invoke(app, ["run", "-m", "fedavg", "-d", "tiny", "--clients", "5", "--seeds", "1", "--rounds", "5"]).exit_code == 0
+    result = runner.invoke(app, ["table", "-d", "tiny"])
+    assert result.exit_code == 2
+    assert "fedavg tiny metis-5 with rounds=5" in result.stderr and "--rounds 5`" in result.stderr
+    hinted = result.stderr.split("`")[1].split()[1:]  # the exact command it names shows the runs
+    shown = runner.invoke(app, hinted + ["--seeds", "1", "-f", "csv"])
+    assert shown.exit_code == 0 and "±" in shown.stdout
+
+
+def test_methods_through_a_pipe_cuts_nothing(env):
+    listing = CliRunner().invoke(app, ["methods"])
+    assert "…" not in listing.stdout and "fedgmc-wo-structural" in listing.stdout and "weighting=uniform" in listing.stdout
