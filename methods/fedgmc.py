@@ -6,7 +6,8 @@ Server state: semantic anchors Δ (a simplex ETF, Eq. 1-2), Q structural templat
 (random), and, depending on `share`, averaged model weights.
 
 Client m, given Δ and T:
-  1. H2GCN ego embeddings h = ReLU(x W_ego); 1-hop and strict 2-hop aggregations of them.
+  1. H2GCN ego embeddings h = σ(x W_ego), σ = tanh by default (`backbone=h2gcn-tanh`; docs/fedgmc.md
+     item 18); 1-hop and strict 2-hop aggregations of them.
   2. Semantic calibration (§4.2.2): P_m = class means of h over the labelled nodes; R_m = U Vᵀ from
      the SVD of Δ P_mᵀ over the classes the client holds; loss = mean_v ‖R_m h_v − δ_{y_v}‖² (Eq. 3).
   3. Structural calibration (§4.3.2): B sampled nodes; r¹ = ‖·‖-normalised 1-hop aggregation,
