@@ -77,6 +77,9 @@ SelectionOption = Annotated[
         "per-client: each client at its own best validation round (FedICI's code). docs/protocol.md.",
     ),
 ]
+MethodsOption = Annotated[str, typer.Option("--method", "-m", help="Method name(s), comma-separated.")]
+DatasetsOption = Annotated[str, typer.Option("--dataset", "-d", help="Dataset name(s), comma-separated.")]
+PartitionOption = Annotated[str, typer.Option("--partition", "--scheme", help="metis or overlap.")]
 ProtocolOption = Annotated[
     str,
     typer.Option(
@@ -150,9 +153,9 @@ RetryOption = Annotated[bool, typer.Option(help="Run again the cells stored as f
 @app.command()
 @friendly
 def run(
-    method: Annotated[str, typer.Option("--method", "-m", help="Method name(s), comma-separated.")],
-    dataset: Annotated[str, typer.Option("--dataset", "-d", help="Dataset name(s), comma-separated.")],
-    partition: Annotated[str, typer.Option("--partition", "--scheme", help="metis or overlap.")] = "metis",
+    method: MethodsOption,
+    dataset: DatasetsOption,
+    partition: PartitionOption = "metis",
     clients: Annotated[
         Optional[str], typer.Option(help="Client counts, comma-separated; default the paper's for the scheme.")
     ] = None,
@@ -638,9 +641,9 @@ def compare(
 @app.command()
 @friendly
 def tune(
-    method: Annotated[str, typer.Option("--method", "-m", help="Method name(s), comma-separated.")],
-    dataset: Annotated[str, typer.Option("--dataset", "-d", help="Dataset name(s), comma-separated.")],
-    partition: Annotated[str, typer.Option("--partition", "--scheme", help="metis or overlap.")] = "metis",
+    method: MethodsOption,
+    dataset: DatasetsOption,
+    partition: PartitionOption = "metis",
     clients: Annotated[str, typer.Option(help="Client counts, comma-separated.")] = "10",
     trials: Annotated[int, typer.Option(help="Trials per method and setting: the same budget for every method.")] = 16,
     tuning_seeds: Annotated[int, typer.Option(help="Seeds per trial (1000, 1001, ...; never a reporting seed).")] = 1,

@@ -207,27 +207,9 @@ class Server(ABC):
         """Scalars recorded per round in the run record (e.g. FedGMC's anchor equiangularity)."""
         return {}
 
-    @classmethod
-    def equivalent(cls, params: MethodParams, scheme: str, local_epochs: int) -> tuple[str, dict[str, Any]] | None:
-        """(method, its full Params as a dict) whose run provably computes the same numbers, if any.
-
-        Tables mark such rows (`≡ FedAvg`) when the other row's configuration equals this dict, so a
-        reader sees that a difference between them can only be a difference of configuration.
-        """
-        return None
-
     def snapshot(self) -> dict[str, Any]:
         """Server state worth saving at chosen rounds for case studies (`--snapshot-rounds`)."""
         return {}
-
-    @classmethod
-    def equivalent(cls, params: MethodParams, scheme: str, local_epochs: int) -> tuple[str, dict[str, Any]] | None:
-        """(method, its full Params as a dict) whose run provably computes the same numbers, if any.
-
-        Tables mark such rows (`≡ FedAvg`) when the other row's configuration equals this dict, so a
-        reader sees that a difference between them can only be a difference of configuration.
-        """
-        return None
 
 
 class Method:
