@@ -4,7 +4,10 @@
 
 Runs every chosen method for a few rounds on the same partition and prints the median and the
 interquartile range of its per-round time (configure + local training + aggregation; evaluation
-excluded, CUDA synchronised), and each method's ratio to FedAvg's median. The first `--warmup`
+excluded, CUDA synchronised), the median of each phase (configure, local training, aggregation, and
+the per-round evaluation the round time leaves out), each method's ratio to FedAvg's median, and the
+run's peak memory (CUDA: torch's peak allocation; CPU: the process's peak RSS, cumulative over the
+methods run before it, so run one method per process for a clean CPU figure). The first `--warmup`
 rounds (default 1) are left out of the median and shown on their own as "first round(s)": that is
 where one-off work lands (FedSage+'s generator phase, CUDA warm-up). Methods whose behaviour changes
 late (GCFL splits only after round 20) need `--rounds` beyond that. Nothing is stored; the figures
@@ -56,22 +59,29 @@ def main() -> None:
     root = default_data_dir()
     data = DataCache(root, root / "partitions").federated(args.dataset, args.partition, args.clients, 1234)
 
-    medians: dict[str, tuple[float, float, float, float]] = {}
+    rows: dict[str, list[str]] = {}
+    medians: dict[str, float] = {}
     for method in methods:
         spec = make_spec(method, args.dataset, args.partition, args.clients, 0, overrides[method], rounds=args.rounds)
-        all_seconds = run(spec, data, device)["seconds_per_round"]
+        record = run(spec, data, device)
+        all_seconds = record["seconds_per_round"]
         seconds = all_seconds[args.warmup :]
         q1, median, q3 = statistics.quantiles(seconds, n=4) if len(seconds) > 1 else (seconds[0],) * 3
-        medians[method] = (median, q1, q3, sum(all_seconds[: args.warmup]))
+        medians[method] = median
+        phases = [statistics.median(record["seconds_per_phase"][p][args.warmup :])
+                  for p in ("configure", "fit", "aggregate", "evaluate")]  # fmt: skip
+        rows[method] = [spec.params.backbone, f"{median:.4f}", f"{q1:.4f}–{q3:.4f}", *(f"{p:.4f}" for p in phases),
+                        f"{sum(all_seconds[: args.warmup]):.3f}", f"{record['peak_memory_bytes'] / 2**20:.0f}"]  # fmt: skip
 
     machine = f"{device_name(device)} ({device}), {torch.get_num_threads()} CPU thread(s), {platform.node()}"
-    table = Table("method", "s / round (median)", "IQR", "× FedAvg", f"first {args.warmup} round(s), s",
+    table = Table("method", "backbone", "s / round (median)", "IQR", "configure", "local training", "aggregation",
+                  "evaluation", "× FedAvg", f"first {args.warmup} round(s), s", "peak MB",
                   title=f"{args.dataset}, {args.partition}, {args.clients} clients, {args.rounds - args.warmup} timed rounds",
                   caption=machine)  # fmt: skip
-    base = medians.get("fedavg", (float("nan"),))[0]
-    for method, (median, q1, q3, first) in medians.items():
-        table.add_row(method, f"{median:.4f}", f"{q1:.4f}–{q3:.4f}", f"{median / base:.2f}", f"{first:.3f}")
-    Console(width=120).print(table)
+    base = medians.get("fedavg", float("nan"))
+    for method, row in rows.items():
+        table.add_row(method, *row[:7], f"{medians[method] / base:.2f}", *row[7:])
+    Console(width=200).print(table)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,13 @@ synchronised and evaluation excluded. All data and models stay on one device for
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -178,6 +179,9 @@ def run(
     curves: dict[str, list[float]] = {k: [] for k in ("val", "test", "val_weighted", "test_weighted")}
     client_curves: dict[str, list[list[float]]] = {"val": [], "test": []}
     seconds: list[float] = []
+    phases: dict[str, list[float]] = {k: [] for k in ("configure", "fit", "aggregate", "evaluate")}
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     bytes_up: list[int] = []
     bytes_down: list[int] = []
     diagnostics: dict[str, list[float]] = {}
@@ -185,18 +189,24 @@ def run(
         _sync(device)
         tic = time.perf_counter()
         up = down = 0
+        spent = dict.fromkeys(("configure", "fit", "aggregate"), 0.0)
         for stage in range(server.stages(index)):
             rnd = Round(index, stage)
-            downloads = server.configure(rnd, client_ids)
+            with _timed(spent, "configure", device):
+                downloads = server.configure(rnd, client_ids)
             uploads = {}
-            for cid, client in enumerate(clients):
-                message, size = clone_message(downloads[cid])
-                down += size
-                uploads[cid], size = clone_message(client.fit(rnd, message))
-                up += size
-            server.aggregate(rnd, uploads)
+            with _timed(spent, "fit", device):
+                for cid, client in enumerate(clients):
+                    message, size = clone_message(downloads[cid])
+                    down += size
+                    uploads[cid], size = clone_message(client.fit(rnd, message))
+                    up += size
+            with _timed(spent, "aggregate", device):
+                server.aggregate(rnd, uploads)
         _sync(device)
         seconds.append(time.perf_counter() - tic)
+        for name, value in spent.items():
+            phases[name].append(value)
         bytes_up.append(up)
         bytes_down.append(down)
         for name, value in server.diagnostics().items():
@@ -204,12 +214,14 @@ def run(
         if index in snapshot_rounds and snapshot_dir is not None:
             _save_snapshot(server.snapshot(), Path(snapshot_dir) / spec.run_key / f"round{index}.pt")
 
+        evaluated = time.perf_counter()
         val, test, finite = _evaluate(clients, metric)
         means = torch.stack([_nanmean(val), _nanmean(test), _nanmean(val, val_counts), _nanmean(test, test_counts)])
         host = torch.cat([means, val, test, finite.reshape(1)]).tolist()  # the one host sync per round
         summary, all_finite = host[:4], host[-1]
         client_curves["val"].append(host[4 : 4 + len(clients)])
         client_curves["test"].append(host[4 + len(clients) : -1])
+        phases["evaluate"].append(time.perf_counter() - evaluated)  # the host sync above ends it
         if not all_finite:
             raise RunFailed(f"non-finite predictions at round {index} (diverged training: NaN or inf)")
         for key, value in zip(curves, summary):
@@ -233,6 +245,8 @@ def run(
         "curves": curves,
         "client_curves": client_curves,
         "seconds_per_round": seconds,
+        "seconds_per_phase": phases,
+        "peak_memory_bytes": peak_memory(device),
         "bytes_up": bytes_up,
         "bytes_down": bytes_down,
         "diagnostics": diagnostics,
@@ -298,6 +312,26 @@ def per_client_best(val: list[list[float]], test: list[list[float]]) -> tuple[fl
     mean_val = float(finite_val.mean()) if finite_val.size else math.nan
     mean_test = float(finite_test.mean()) if finite_test.size else math.nan
     return mean_val, mean_test
+
+
+@contextlib.contextmanager
+def _timed(spent: dict[str, float], phase: str, device: torch.device) -> Iterator[None]:
+    """Add the wall time of the block to `spent[phase]`, CUDA synchronised at both ends."""
+    _sync(device)
+    tic = time.perf_counter()
+    yield
+    _sync(device)
+    spent[phase] += time.perf_counter() - tic
+
+
+def peak_memory(device: torch.device) -> int:
+    """Peak memory of the run: CUDA memory allocated by torch on a GPU; on a CPU the process's peak
+    resident set size, a high-water mark that also counts earlier runs of the same worker process."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
 def _save_snapshot(state: dict, path: Path) -> None:
