@@ -15,12 +15,14 @@ import contextlib
 import multiprocessing
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from gfl_bench.datasets import VERBOSE_ENV
 from gfl_bench.errors import UserError
 from gfl_bench.runner import DataCache, RoundCallback, failed_record, resolve_device, run
 from gfl_bench.spec import RunSpec
@@ -45,6 +47,8 @@ _caches: dict[Path | None, DataCache] = {}  # per worker process: datasets and p
 
 def run_job(spec: RunSpec, env: Environment, on_round: RoundCallback | None = None) -> dict:
     """Run one spec and return its record; any failure but bad input becomes a failed record."""
+    if not os.environ.get(VERBOSE_ENV):  # worker processes too: library warnings only with --verbose
+        warnings.simplefilter("ignore")
     if env.threads:
         torch.set_num_threads(env.threads)
     device = resolve_device(env.device)
