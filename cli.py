@@ -148,6 +148,11 @@ ThreadsOption = Annotated[
                       "oversubscription when runs share a machine."),
 ]
 RetryOption = Annotated[bool, typer.Option(help="Run again the cells stored as failed.")]
+BatchedOption = Annotated[
+    bool,
+    typer.Option("--batched/--per-client", help="Train all clients of Local, FedAvg and FedPer (GCN) in one pass per "
+                 "epoch (same numbers up to float rounding on CPU; gfl_bench/batched.py)."),
+]
 
 
 @app.command()
@@ -163,6 +168,7 @@ def run(
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
     threads: ThreadsOption = 1,
     workers: WorkersOption = 1,
+    batched: BatchedOption = False,
     set_: SetOption = None,
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,
@@ -194,7 +200,7 @@ def run(
         make_spec(meth, ds, partition, m, seed, overrides[meth], rounds, local_epochs, data_seed, protocol, tuned_dir)
         for ds in datasets for m in counts for meth in methods for seed in range(seeds)
     ]  # fmt: skip
-    env = Environment(device, data_dir or default_data_dir(), threads, snapshots, snapshot_dir)
+    env = Environment(device, data_dir or default_data_dir(), threads, snapshots, snapshot_dir, batched)
     no_snapshots = frozenset(
         s.run_key for s in specs if any(not (snapshot_dir / s.run_key / f"round{r}.pt").exists() for r in snapshots)
     )
@@ -219,6 +225,7 @@ def sweep(
     gpus_per_run: Annotated[float, typer.Option(help="Fraction of a GPU each Ray task reserves.")] = 0.0,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
     threads: ThreadsOption = 1,
+    batched: BatchedOption = False,
     set_: SetOption = None,
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,
@@ -254,7 +261,7 @@ def sweep(
                     tuple((partition, c) for c in counts))  # fmt: skip
     if grid is not None:
         specs = _grid_specs_checked(grid, table_, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned_dir)
-    env = Environment(device, data_dir or default_data_dir(), threads)
+    env = Environment(device, data_dir or default_data_dir(), threads, batched=batched)
     if dry_run:
         import pandas as pd
 

@@ -44,9 +44,10 @@ class FedAvgClient(TrainingClient):
         """What this client uploads: the whole model (FedPer keeps its head back)."""
         return model_state(self.model)
 
-    def fit(self, rnd: Round, message: Message) -> Message:
+    def receive(self, rnd: Round, message: Message) -> None:
         load_model_state(self.model, message["weights"])
-        self.train_local()
+
+    def upload(self) -> Message:
         return {"weights": self.shared_state(), "num_train": torch.tensor(self.num_train)}
 
 
@@ -79,3 +80,4 @@ class FedAvg(Method):
     Params = FedAvgParams
     client = FedAvgClient
     server = FedAvgServer
+    batchable = True

@@ -40,3 +40,4 @@ class FedPer(Method):
     Params = FedPerParams
     client = FedPerClient
     server = FedPerServer
+    batchable = True

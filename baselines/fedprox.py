@@ -29,9 +29,9 @@ class FedProxParams(FedAvgParams):
 
 
 class FedProxClient(FedAvgClient):
-    def fit(self, rnd: Round, message: Message) -> Message:
+    def receive(self, rnd: Round, message: Message) -> None:
         self.anchor = message["weights"]
-        return super().fit(rnd, message)
+        super().receive(rnd, message)
 
     def loss(self) -> Tensor:
         proximal = sum(

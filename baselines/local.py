@@ -24,9 +24,7 @@ class LocalParams(MethodParams):
 
 
 class LocalClient(TrainingClient):
-    def fit(self, rnd: Round, message: Message) -> Message:
-        self.train_local()
-        return {}
+    """Trains alone: receives nothing, uploads nothing (TrainingClient's defaults)."""
 
 
 class LocalServer(Server):
@@ -44,3 +42,4 @@ class Local(Method):
     Params = LocalParams
     client = LocalClient
     server = LocalServer
+    batchable = True

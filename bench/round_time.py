@@ -44,6 +44,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="method.key=value override")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batched", action="store_true", help="train batchable methods' clients together (gfl_bench/batched.py)")
     args = parser.parse_args()
 
     if args.threads:
@@ -63,14 +64,14 @@ def main() -> None:
     medians: dict[str, float] = {}
     for method in methods:
         spec = make_spec(method, args.dataset, args.partition, args.clients, 0, overrides[method], rounds=args.rounds)
-        record = run(spec, data, device)
+        record = run(spec, data, device, batched=args.batched)
         all_seconds = record["seconds_per_round"]
         seconds = all_seconds[args.warmup :]
         q1, median, q3 = statistics.quantiles(seconds, n=4) if len(seconds) > 1 else (seconds[0],) * 3
         medians[method] = median
         phases = [statistics.median(record["seconds_per_phase"][p][args.warmup :])
                   for p in ("configure", "fit", "aggregate", "evaluate")]  # fmt: skip
-        rows[method] = [spec.params.backbone, f"{median:.4f}", f"{q1:.4f}–{q3:.4f}", *(f"{p:.4f}" for p in phases),
+        rows[method] = [f"{spec.params.backbone}, {record['execution']}", f"{median:.4f}", f"{q1:.4f}–{q3:.4f}", *(f"{p:.4f}" for p in phases),
                         f"{sum(all_seconds[: args.warmup]):.3f}", f"{record['peak_memory_bytes'] / 2**20:.0f}"]  # fmt: skip
 
     machine = f"{device_name(device)} ({device}), {torch.get_num_threads()} CPU thread(s), {platform.node()}"

@@ -40,6 +40,7 @@ class Environment:
     threads: int = 1
     snapshot_rounds: frozenset[int] = field(default_factory=frozenset)
     snapshot_dir: Path = Path("results") / "snapshots"
+    batched: bool = False  # train the clients of a `batchable` method together (gfl_bench/batched.py)
 
 
 _caches: dict[Path | None, DataCache] = {}  # per worker process: datasets and partitions loaded once
@@ -58,7 +59,7 @@ def run_job(spec: RunSpec, env: Environment, on_round: RoundCallback | None = No
     started = time.time()
     try:
         data = _caches[env.data_dir].federated(spec.dataset, spec.scheme, spec.clients, spec.data_seed)
-        return run(spec, data, device, on_round, env.snapshot_rounds, env.snapshot_dir)
+        return run(spec, data, device, on_round, env.snapshot_rounds, env.snapshot_dir, env.batched)
     except UserError:
         raise
     except Exception as error:  # noqa: BLE001 - recorded with its type and message, the sweep goes on

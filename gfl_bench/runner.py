@@ -26,6 +26,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from gfl_bench.backbones import backbone_class
+from gfl_bench.batched import BatchedGCNTraining, can_batch
 from gfl_bench.datasets import dataset_spec, load_dataset
 from gfl_bench.method import Round, Setup, clone_message, method_class
 from gfl_bench.metrics import metric_fn
@@ -147,11 +148,14 @@ def run(
     on_round: RoundCallback | None = None,
     snapshot_rounds: frozenset[int] = frozenset(),
     snapshot_dir: Path | None = None,
+    batched: bool = False,
 ) -> dict:
     """Train `spec` on `data` and return its record (see gfl_bench/store.py for the fields).
 
     At each round in `snapshot_rounds` the server's `snapshot()` is saved to
-    `snapshot_dir/<run_key>/round<r>.pt` for case-study figures.
+    `snapshot_dir/<run_key>/round<r>.pt` for case-study figures. With `batched`, a method that
+    declares `batchable` has all its clients' local training done at once (gfl_bench/batched.py);
+    the record says which path ran (`execution`).
     """
     method = method_class(spec.method)
     started = time.time()
@@ -172,6 +176,7 @@ def run(
     server = method.server(copy.deepcopy(template), spec.params, setup)
     clients = [method.client(cid, g, copy.deepcopy(template), spec.params, setup) for cid, g in enumerate(graphs)]
     client_ids = list(range(len(clients)))
+    together = BatchedGCNTraining(clients) if batched and method.batchable and can_batch(clients, spec.params.backbone) else None
     metric = metric_fn(data.metric)
     val_counts = torch.tensor([float(g.val_mask.sum()) for g in graphs], device=device)
     test_counts = torch.tensor([float(g.test_mask.sum()) for g in graphs], device=device)
@@ -196,11 +201,21 @@ def run(
                 downloads = server.configure(rnd, client_ids)
             uploads = {}
             with _timed(spent, "fit", device):
-                for cid, client in enumerate(clients):
-                    message, size = clone_message(downloads[cid])
-                    down += size
-                    uploads[cid], size = clone_message(client.fit(rnd, message))
-                    up += size
+                if together is None:
+                    for cid, client in enumerate(clients):
+                        message, size = clone_message(downloads[cid])
+                        down += size
+                        uploads[cid], size = clone_message(client.fit(rnd, message))
+                        up += size
+                else:  # the same receive / train / upload, with every client's training in one pass
+                    for cid, client in enumerate(clients):
+                        message, size = clone_message(downloads[cid])
+                        down += size
+                        client.receive(rnd, message)
+                    together.train_round()
+                    for cid, client in enumerate(clients):
+                        uploads[cid], size = clone_message(client.upload())
+                        up += size
             with _timed(spent, "aggregate", device):
                 server.aggregate(rnd, uploads)
         _sync(device)
@@ -246,6 +261,7 @@ def run(
         "client_curves": client_curves,
         "seconds_per_round": seconds,
         "seconds_per_phase": phases,
+        "execution": "batched" if together is not None else "per-client",
         "peak_memory_bytes": peak_memory(device),
         "bytes_up": bytes_up,
         "bytes_down": bytes_down,

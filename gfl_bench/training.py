@@ -8,7 +8,7 @@ from torch.nn import functional as F
 from torch_geometric.data import Data
 
 from gfl_bench.backbones import Backbone
-from gfl_bench.method import Client, MethodParams, Setup
+from gfl_bench.method import Client, Message, MethodParams, Round, Setup
 
 
 class TrainingClient(Client):
@@ -24,6 +24,20 @@ class TrainingClient(Client):
         self.optimizer = torch.optim.Adam(model.parameters(), lr=params.lr, weight_decay=params.weight_decay)
         self.train_index = graph.train_mask.nonzero().view(-1)
         self.num_train = int(self.train_index.numel())
+
+    def receive(self, rnd: Round, message: Message) -> None:
+        """Take in the server's message before local training (default: nothing to take in)."""
+
+    def upload(self) -> Message:
+        """What leaves the client after local training (default: nothing)."""
+        return {}
+
+    def fit(self, rnd: Round, message: Message) -> Message:
+        """Receive, train `local_epochs` steps, upload. The batched path (gfl_bench/batched.py) calls the
+        same three steps, with the training of every client done at once."""
+        self.receive(rnd, message)
+        self.train_local()
+        return self.upload()
 
     def loss(self) -> Tensor:
         """The local objective of one step; the base is cross-entropy on the training nodes."""

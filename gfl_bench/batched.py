@@ -1,0 +1,128 @@
+"""Batched local training: every client's 2-layer GCN trained in one pass per local epoch.
+
+Per round, a FedAvg-style client loads what it received, trains `local_epochs` full-batch steps on
+its own graph, and uploads. The per-client path runs those steps client after client: one small
+forward and backward each, dominated by Python and kernel-launch overhead. Here, for the methods
+that declare `Method.batchable` (their local step is exactly `TrainingClient`'s cross-entropy step):
+
+- Parameters are stacked along a leading client axis, `[M, ...]`, and each client's model holds views
+  into the stacks, so the per-client hooks (loading received weights, uploading, predicting) read and
+  write the stacks directly and the Method interface is unchanged.
+- Graphs are padded to the largest client (N_max nodes each) and packed block-diagonally: the
+  normalised adjacencies into one sparse `[M·N_max, M·N_max]` matrix, the features into one sparse
+  `[M·N_max, M·F]` matrix. The first layer is one SpMM of the features with the stacked weights
+  `[M·F, h]` (only the non-zero features are multiplied: Planetoid's are 98 % zeros), later layers
+  one `bmm`, and every propagation one SpMM, for all clients at once.
+- One Adam over the stacks. Adam is elementwise, so it is each client's own Adam.
+- The loss is Σ_m mean CE over client m's training nodes, so each client's gradient is its own.
+- Dropout masks are drawn client by client and epoch by epoch, in the order the per-client path
+  draws them, so on a CPU both paths give the same numbers up to float summation order
+  (`tests/test_batched.py`). On CUDA, dropout's RNG stream differs, so the two paths agree in
+  distribution, not number by number.
+
+Shapes: M clients, N = N_max padded nodes, F features, h hidden, C classes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from gfl_bench.training import TrainingClient
+
+# GCN's parameters, in the order its forward uses them.
+_GCN_PARAMETERS = ("conv1.lin.weight", "conv1.bias", "conv2.lin.weight", "conv2.bias", "classifier.weight", "classifier.bias")
+
+
+def can_batch(clients: list[TrainingClient], backbone: str) -> bool:
+    """The batched path reproduces the per-client one for GCN clients that all have training nodes
+    (a client without labels does not step in the per-client path, and Adam would move it here)."""
+    return backbone == "gcn" and len(clients) > 1 and all(c.num_train > 0 for c in clients)
+
+
+class BatchedGCNTraining:
+    """Trains the GCNs of `clients` together; their models become views into shared stacks."""
+
+    def __init__(self, clients: list[TrainingClient]) -> None:
+        self.clients = clients
+        first = clients[0]
+        self.local_epochs = first.setup.local_epochs
+        self.dropout = first.params.dropout
+        device = first.train_index.device
+        self.stacks = {name: self._stack_and_rebind(name) for name in _GCN_PARAMETERS}
+        self.optimizer = torch.optim.Adam(self.stacks.values(), lr=first.params.lr, weight_decay=first.params.weight_decay)
+        sizes = [c.graph.num_nodes for c in clients]
+        self.sizes, self.padded = sizes, max(sizes)
+        self.num_features = first.graph.num_features
+        # Features block-diagonally too, [M·N, M·F]: the first layer is one SpMM with the stacked weights
+        # [M·F, h]; Planetoid and Amazon features are over 98 % zeros, so only their non-zeros are multiplied.
+        self.features = self._block_diagonal([c.graph.x.to_sparse() for c in clients], column_block=self.num_features)
+        self.adjacency = self._block_diagonal([c.graph.gcn_adj for c in clients])  # [M·N, M·N]
+        self.train_rows = torch.cat([m * self.padded + c.train_index for m, c in enumerate(clients)])
+        self.train_labels = torch.cat([c.graph.y[c.train_index] for c in clients])
+        self.train_weights = torch.cat(
+            [torch.full((c.num_train,), 1.0 / c.num_train, device=device) for c in clients]
+        )  # mean CE per client, summed over clients
+
+    def _stack_and_rebind(self, name: str) -> nn.Parameter:
+        """Stack parameter `name` of every client, then make each client's parameter a view of its slice."""
+        stack = nn.Parameter(torch.stack([c.model.get_parameter(name).detach() for c in self.clients]))
+        module_name, _, attribute = name.rpartition(".")
+        for m, client in enumerate(self.clients):
+            setattr(client.model.get_submodule(module_name), attribute, nn.Parameter(stack.data[m]))
+        return stack
+
+    def _block_diagonal(self, blocks: list[Tensor], column_block: int | None = None) -> Tensor:
+        """Sparse per-client matrices on one padded index space: client m's rows at offset m·N, its columns
+        at m·N (operators) or m·`column_block` (features)."""
+        width = column_block or self.padded
+        rows, cols, values = [], [], []
+        for m, block in enumerate(blocks):
+            coo = block.to_sparse_coo().coalesce()
+            rows.append(coo.indices()[0] + m * self.padded)
+            cols.append(coo.indices()[1] + m * width)
+            values.append(coo.values())
+        shape = (len(blocks) * self.padded, len(blocks) * width)
+        indices = torch.stack([torch.cat(rows), torch.cat(cols)])
+        return torch.sparse_coo_tensor(indices, torch.cat(values), shape).coalesce().to_sparse_csr()
+
+    def _propagate(self, projected: Tensor, bias: str) -> Tensor:
+        """Â (projected) + b for every client, Â block-diagonal: [M, N, h] -> [M, N, h]."""
+        spread = (self.adjacency @ projected.reshape(-1, projected.shape[-1])).view_as(projected)
+        return spread + self.stacks[bias][:, None, :]
+
+    def _layer(self, h: Tensor, weight: str, bias: str) -> Tensor:
+        """GCN layer for every client: Â (h Wᵀ) + b; [M, N, h] -> [M, N, h]."""
+        return self._propagate(torch.bmm(h, self.stacks[weight].transpose(1, 2)), bias)
+
+    def _dropout_masks(self) -> list[list[Tensor]]:
+        """Per epoch, the two dropout masks of every client, drawn in the per-client path's order."""
+        hidden, keep = self.stacks["conv1.bias"].shape[1], 1.0 - self.dropout
+        device = self.adjacency.device
+        masks = [[torch.zeros(len(self.clients), self.padded, hidden, device=device) for _ in range(2)]
+                 for _ in range(self.local_epochs)]  # fmt: skip
+        for m, size in enumerate(self.sizes):  # client-major, as the per-client path trains client after client
+            for epoch in range(self.local_epochs):
+                for layer in range(2):
+                    noise = torch.empty(size, hidden, device=device).bernoulli_(keep).div_(keep)  # F.dropout's draw
+                    masks[epoch][layer][m, :size] = noise
+        return masks
+
+    def train_round(self) -> None:
+        """Every client's `local_epochs` optimiser steps, one batched step per epoch."""
+        masks = self._dropout_masks() if self.dropout > 0 else None
+        count = len(self.clients)
+        for epoch in range(self.local_epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            weights = self.stacks["conv1.lin.weight"].transpose(1, 2).reshape(count * self.num_features, -1)  # [M·F, h]
+            projected = (self.features @ weights).view(count, self.padded, -1)  # X_m W_mᵀ for every m: [M, N, h]
+            h = F.relu(self._propagate(projected, "conv1.bias"))
+            h = h * masks[epoch][0] if masks else h
+            h = F.relu(self._layer(h, "conv2.lin.weight", "conv2.bias"))
+            h = h * masks[epoch][1] if masks else h
+            logits = torch.bmm(h, self.stacks["classifier.weight"].transpose(1, 2)) + self.stacks["classifier.bias"][:, None, :]
+            chosen = logits.reshape(-1, logits.shape[-1])[self.train_rows]
+            loss = (F.cross_entropy(chosen, self.train_labels, reduction="none") * self.train_weights).sum()
+            loss.backward()
+            self.optimizer.step()
