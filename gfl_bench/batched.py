@@ -109,19 +109,29 @@ class BatchedGCNTraining:
                     masks[epoch][layer][m, :size] = noise
         return masks
 
+    def forward(self, masks: list[Tensor] | None = None) -> Tensor:
+        """Every client's logits, [M, N, C]; `masks` are one epoch's two dropout masks (None: eval mode)."""
+        count = len(self.clients)
+        weights = self.stacks["conv1.lin.weight"].transpose(1, 2).reshape(count * self.num_features, -1)  # [M·F, h]
+        projected = (self.features @ weights).view(count, self.padded, -1)  # X_m W_mᵀ for every m: [M, N, h]
+        h = F.relu(self._propagate(projected, "conv1.bias"))
+        h = h * masks[0] if masks else h
+        h = F.relu(self._layer(h, "conv2.lin.weight", "conv2.bias"))
+        h = h * masks[1] if masks else h
+        return torch.bmm(h, self.stacks["classifier.weight"].transpose(1, 2)) + self.stacks["classifier.bias"][:, None, :]
+
+    @torch.no_grad()
+    def predict(self) -> list[Tensor]:
+        """Each client's logits from its current model, as `Client.predict` gives them, in one pass."""
+        logits = self.forward()
+        return [logits[m, :size] for m, size in enumerate(self.sizes)]
+
     def train_round(self) -> None:
         """Every client's `local_epochs` optimiser steps, one batched step per epoch."""
         masks = self._dropout_masks() if self.dropout > 0 else None
-        count = len(self.clients)
         for epoch in range(self.local_epochs):
             self.optimizer.zero_grad(set_to_none=True)
-            weights = self.stacks["conv1.lin.weight"].transpose(1, 2).reshape(count * self.num_features, -1)  # [M·F, h]
-            projected = (self.features @ weights).view(count, self.padded, -1)  # X_m W_mᵀ for every m: [M, N, h]
-            h = F.relu(self._propagate(projected, "conv1.bias"))
-            h = h * masks[epoch][0] if masks else h
-            h = F.relu(self._layer(h, "conv2.lin.weight", "conv2.bias"))
-            h = h * masks[epoch][1] if masks else h
-            logits = torch.bmm(h, self.stacks["classifier.weight"].transpose(1, 2)) + self.stacks["classifier.bias"][:, None, :]
+            logits = self.forward(masks[epoch] if masks else None)
             chosen = logits.reshape(-1, logits.shape[-1])[self.train_rows]
             loss = (F.cross_entropy(chosen, self.train_labels, reduction="none") * self.train_weights).sum()
             loss.backward()

@@ -230,7 +230,7 @@ def run(
             _save_snapshot(server.snapshot(), Path(snapshot_dir) / spec.run_key / f"round{index}.pt")
 
         evaluated = time.perf_counter()
-        val, test, finite = _evaluate(clients, metric)
+        val, test, finite = _evaluate(clients, metric, together.predict() if together is not None else None)
         means = torch.stack([_nanmean(val), _nanmean(test), _nanmean(val, val_counts), _nanmean(test, test_counts)])
         host = torch.cat([means, val, test, finite.reshape(1)]).tolist()  # the one host sync per round
         summary, all_finite = host[:4], host[-1]
@@ -357,11 +357,16 @@ def _save_snapshot(state: dict, path: Path) -> None:
     os.replace(partial, path)
 
 
-def _evaluate(clients: list, metric: Callable[[Tensor, Tensor], Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-client validation and test metric of each client's deployable model, and 1.0 if all logits are finite."""
+def _evaluate(
+    clients: list, metric: Callable[[Tensor, Tensor], Tensor], batched_logits: list[Tensor] | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-client validation and test metric of each client's deployable model, and 1.0 if all logits are finite.
+
+    `batched_logits`: the clients' logits computed in one pass (the batched path), else each client predicts.
+    """
     val, test, finite = [], [], []
-    for client in clients:
-        logits = client.predict()
+    for index, client in enumerate(clients):
+        logits = batched_logits[index] if batched_logits is not None else client.predict()
         g = client.graph
         val.append(metric(logits[g.val_mask], g.y[g.val_mask]))
         test.append(metric(logits[g.test_mask], g.y[g.test_mask]))
