@@ -48,7 +48,8 @@ def test_failed_run_is_recorded_and_the_sweep_goes_on(store):
     runner = CliRunner()
     args = ["sweep", "-m", "fedavg,local", *TINY, "--store", str(store), "--set", "fedavg.lr=1e30"]
     result = runner.invoke(app, args)
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # the grid went on, and the command says some runs failed
+    assert "2 runs of this grid are stored as failed" in result.stderr and "gflbench failed" in result.stderr
     with RunStore(store) as runs:
         frame = runs.frame()
     assert set(frame[frame["method"] == "fedavg"]["status"]) == {"failed"}
@@ -56,9 +57,9 @@ def test_failed_run_is_recorded_and_the_sweep_goes_on(store):
     assert "non-finite" in RunStore(store).records(frame[frame["method"] == "fedavg"]["run_key"])[0]["error"]
     table = runner.invoke(app, ["table", "-d", "tiny", "--rounds", "3", "--set", "fedavg.lr=1e30", "-f", "csv",
                                 "--store", str(store)])  # fmt: skip
-    assert "FedAvg,failed" in table.stdout
+    assert "FedAvg [gcn],failed" in table.stdout
     again = runner.invoke(app, args)
-    assert "4 runs asked, 4 already stored, 0 to run" in again.output and "--retry-failed" in again.output
+    assert "4 runs asked, 4 already stored, 0 to run" in again.output and "--retry-failed" in again.stderr
 
 
 def test_parallel_workers_store_every_run_once(store):
