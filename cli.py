@@ -331,7 +331,6 @@ def _run_grid(
             cache.federated(*key)  # a missing dataset or impossible partition fails before any run
     with RunStore(store) as runs:
         todo = pending(specs, runs, force, retry_failed, rerun)
-        failed_before = sum(1 for s in specs if runs.statuses().get(s.run_key) == "failed")
         stored = runs.statuses()
         again = sum(1 for s in todo if s.run_key in rerun and s.run_key in stored)
         console.print(
@@ -636,7 +635,7 @@ def compare(
     methods = _chosen_methods(method, frame, registered)
     sel = tables.Selection(frame, parse_overrides(set_ or [], list(registered)), rounds, local_epochs, rule=selection,
                            protocol=protocol, tuned=tuned_dir)  # fmt: skip
-    report = to_markdown(compare_cells(sel, methods, chosen), {m: cls.title for m, cls in registered.items()}, selection, sel)
+    report = to_markdown(compare_cells(sel, methods, chosen), {m: cls.title for m, cls in registered.items()}, sel)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(report)

@@ -92,11 +92,11 @@ def _ranking(cells: pd.DataFrame) -> tuple[pd.DataFrame, bool | None]:
     return ranking, ranking["method"].iloc[0] == "fedgmc"
 
 
-def to_markdown(result: Comparison, titles: dict[str, str], rule: str = "global", sel: Selection | None = None) -> str:
-    protocol = sel.protocol if sel is not None else "paper"
+def to_markdown(result: Comparison, titles: dict[str, str], sel: Selection) -> str:
+    """The report, headed by the protocol and selection rule of `sel`, the selection it was computed from."""
     lines = [
-        f"Our values: protocol {protocol} ({PROTOCOLS[protocol]}); {hyperparameter_source(protocol, sel.tuned if sel else None)}; "
-        f"selection rule: {rule} best validation round (docs/protocol.md). `backbone` is ours for that cell.",
+        f"Our values: protocol {sel.protocol} ({PROTOCOLS[sel.protocol]}); {hyperparameter_source(sel.protocol, sel.tuned)}; "
+        f"selection rule: {sel.rule} best validation round (docs/protocol.md). `backbone` is ours for that cell.",
         "", "## Cells", "",
     ]  # fmt: skip
     if result.cells.empty:

@@ -143,6 +143,7 @@ def _copy_from_mirror(spec: DatasetSpec, data_dir: Path) -> None:
     if not mirror:
         return
     try:
+        copied = False
         for rel in spec.raw_files:
             source = Path(mirror).expanduser() / spec.folder / rel
             target = data_dir / spec.folder / rel
@@ -152,6 +153,8 @@ def _copy_from_mirror(spec: DatasetSpec, data_dir: Path) -> None:
             partial = target.with_name(target.name + ".partial")
             shutil.copyfile(source, partial)  # copyfile: the mirror's read-only mode must not follow
             os.replace(partial, target)
+            copied = True
+        if copied:  # whatever was processed from the old copies is stale
             for processed in (data_dir / spec.folder).rglob("processed"):
                 shutil.rmtree(processed, ignore_errors=True)
     except OSError as error:

@@ -17,6 +17,8 @@ can never pick up a run of another (docs/protocol.md, "Protocols").
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import os
 from collections.abc import Mapping
@@ -60,8 +62,15 @@ def read_tuned(folder: Path, dataset: str, scheme: str, clients: int) -> dict[st
     path = tuned_file(folder, dataset, scheme, clients)
     if not path.exists():
         return {}
+    stat = path.stat()
+    return copy.deepcopy(_parse_tuned(str(path), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_tuned(path: str, mtime_ns: int, size: int) -> dict[str, Any]:
+    """Parsed once per file version: a table resolves every cell's configuration through this file."""
     try:
-        content = json.loads(path.read_text())
+        content = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as error:
         raise UserError(f"cannot read the tuned values {path}: {error}; rerun `gflbench tune` for it") from None
     if not isinstance(content, dict) or not isinstance(content.get("methods"), dict):

@@ -14,8 +14,8 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gfl_bench.backbones import backbone_class

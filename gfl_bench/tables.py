@@ -142,7 +142,6 @@ class Selection:
             notes.append(f"{cell.failed} failed")
         return f"{text} ({', '.join(notes)})" if notes else text
 
-
     def caption(self, text: str) -> str:
         """A table caption that states the protocol and where the hyperparameters came from."""
         extra = "; with --set " + " ".join(
