@@ -452,6 +452,9 @@ def table(
     partition: Annotated[str, typer.Option("--partition", "--scheme", help="Scheme of a custom table.")] = "metis",
     seeds: Annotated[int, typer.Option(help="Seeds a full cell has; cells with another count are marked (n=k).")] = 10,
     selection: SelectionOption = "global",
+    value: Annotated[
+        str, typer.Option(help="test, or val: the validation values settings are chosen by (never a result).")
+    ] = "test",
     set_: SetOption = None,
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,
@@ -466,6 +469,7 @@ def table(
     check_protocol(protocol)
     tables.check_format(fmt)
     tables.check_rule(selection)
+    tables.check_value(value)
     numbers = _table_numbers(number)
     chosen_datasets = split_list(dataset, "datasets") if dataset else None
     for d in chosen_datasets or []:
@@ -479,7 +483,7 @@ def table(
     overrides = parse_overrides(set_ or [], list(registered))
     titles = {m: cls.title for m, cls in registered.items()}
     if frame is not None:
-        sel = tables.Selection(frame, overrides, rounds, local_epochs, seeds, selection, protocol, tuned_dir)
+        sel = tables.Selection(frame, overrides, rounds, local_epochs, seeds, selection, protocol, tuned_dir, value)
     rendered = []
     for n in numbers if not (number is None and chosen_datasets) else [0]:
         if n == 0:
@@ -497,6 +501,8 @@ def table(
             continue
         if selection != "global" and n not in (3, 7):
             caption = caption.rstrip(".") + f". Selection: {selection} best validation round."
+        if value == "val" and n not in (3, 7):
+            caption = caption.rstrip(".") + ". Values: VALIDATION (for choosing settings; not a result)."
         if n != 3:
             caption = sel.caption(caption)
         rendered.append(tables.render(blocks, caption, fmt))

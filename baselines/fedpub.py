@@ -171,7 +171,7 @@ class FedPubClient(TrainingClient):
     def fit(self, rnd: Round, message: Message) -> Message:
         if "proxy" in message:
             proxy = Data(**message["proxy"])
-            self.model.prepare(proxy)
+            self.model.prepare(proxy, self.params)
             self.proxy = proxy.to(self.setup.device)
         load_model_state(self.model, message["weights"])  # no mask keys: the client's masks stay
         self.anchor = message["weights"] if rnd.index > 0 else None  # the code skips the term at round 0

@@ -346,7 +346,7 @@ class FedSagePlusClient(FedAvgClient):
             test_mask=torch.cat([graph.test_mask, none]),
             global_id=torch.cat([graph.global_id, unknown]),
         )
-        backbone_class(self.params.backbone).prepare(mended)
+        backbone_class(self.params.backbone).prepare(mended, self.params)
         self.graph = mended
         del self.neighgen, self.aux_classifier, self.gen_optimizer, self.impaired
 

@@ -7,7 +7,7 @@ declares the graph operators it needs (`prepare`), computed once per client befo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -20,17 +20,32 @@ from gfl_bench.graph_ops import binary_adjacency, gcn_adjacency, h2gcn_adjacenci
 
 
 class Backbone(nn.Module):
-    """A node classifier on one client's graph: `forward(graph)` returns logits for every node."""
+    """A node classifier on one client's graph: `forward(graph)` returns logits for every node.
+
+    A backbone with options beyond width and dropout (DisenGCN's factors, UniFilter's levels) reads
+    them from the method's Params: it names those fields in `options` and overrides `from_params`.
+    `prepare` may read them too; the runner caches prepared graphs per (backbone, device, options),
+    so a sweep over an option never reuses operators computed for another value.
+    """
 
     head: ClassVar[str] = "classifier"  # prefix of the parameters that form the classification head
+    options: ClassVar[tuple[str, ...]] = ()  # Params fields that construction and `prepare` read
 
     def __init__(self, in_dim: int, hidden: int, num_classes: int, dropout: float) -> None:
         super().__init__()
         self.dropout = dropout
 
+    @classmethod
+    def from_params(cls, in_dim: int, num_classes: int, params: Any) -> Backbone:
+        """The backbone a method's Params describe (width, dropout and the fields in `options`)."""
+        return cls(in_dim, params.hidden, num_classes, params.dropout)
+
     @staticmethod
-    def prepare(graph: Data) -> None:
-        """Attach the operators `forward` reads to `graph` (called once, before training)."""
+    def prepare(graph: Data, params: Any = None) -> None:
+        """Attach the operators `forward` reads to `graph` (called once per client, before training).
+
+        `params` is the method's Params; only the fields named in `options` may be read.
+        """
 
 
 class GCN(Backbone):
@@ -47,7 +62,7 @@ class GCN(Backbone):
         self.classifier = nn.Linear(hidden, num_classes)
 
     @staticmethod
-    def prepare(graph: Data) -> None:
+    def prepare(graph: Data, params: Any = None) -> None:
         if "gcn_adj" not in graph:
             graph.gcn_adj = gcn_adjacency(graph.edge_index, graph.num_nodes)
 
@@ -75,7 +90,7 @@ class GraphSAGE(Backbone):
         self.classifier = nn.Linear(hidden, num_classes)
 
     @staticmethod
-    def prepare(graph: Data) -> None:
+    def prepare(graph: Data, params: Any = None) -> None:
         if "adj" not in graph:
             graph.adj = binary_adjacency(graph.edge_index, graph.num_nodes)
 
@@ -117,7 +132,7 @@ class H2GCN(Backbone):
         self.classifier = nn.Linear(7 * hidden, num_classes, bias=False)
 
     @staticmethod
-    def prepare(graph: Data) -> None:
+    def prepare(graph: Data, params: Any = None) -> None:
         if "hop1_adj" not in graph:
             graph.hop1_adj, graph.hop2_adj = h2gcn_adjacencies(graph.edge_index, graph.num_nodes)
 
@@ -159,6 +174,16 @@ def register_backbone(name: str, backbone: type[Backbone]) -> type[Backbone]:
         raise ValueError(f"backbone name {name!r} registered twice")
     BACKBONES[name] = backbone
     return backbone
+
+
+def build_backbone(params: Any, in_dim: int, num_classes: int) -> Backbone:
+    """The backbone `params.backbone` names, built from the method's Params."""
+    return backbone_class(params.backbone).from_params(in_dim, num_classes, params)
+
+
+def prepared_key(params: Any) -> tuple:
+    """What a prepared graph depends on: the backbone and the values of its `options`."""
+    return (params.backbone, *((name, getattr(params, name)) for name in backbone_class(params.backbone).options))
 
 
 def backbone_class(name: str) -> type[Backbone]:

@@ -25,10 +25,10 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from gfl_bench.backbones import backbone_class
+from gfl_bench.backbones import backbone_class, build_backbone, prepared_key
 from gfl_bench.batched import BatchedGCNTraining, can_batch
 from gfl_bench.datasets import dataset_spec, load_dataset
-from gfl_bench.method import Round, Setup, clone_message, method_class
+from gfl_bench.method import MethodParams, Round, Setup, clone_message, method_class
 from gfl_bench.metrics import metric_fn
 from gfl_bench.partition import Partition, cached_partition, client_graphs
 from gfl_bench.provenance import provenance
@@ -66,20 +66,21 @@ class FederatedData:
     num_classes: int
     partition: Partition
     graphs: list[Data]
-    prepared: dict[tuple[str, str], list[Data]] = field(default_factory=dict)
+    prepared: dict[tuple, list[Data]] = field(default_factory=dict)
 
-    def on_device(self, backbone: str, device: torch.device) -> list[Data]:
-        """Client graphs with the backbone's operators, on `device`; computed once, then shared.
+    def on_device(self, params: MethodParams, device: torch.device) -> list[Data]:
+        """Client graphs with the operators of the backbone `params` names, on `device`; computed once
+        per (backbone, its options, device), then shared.
 
         Each run gets shallow copies, so a method may replace attributes of its graphs (a mended
         or expanded graph) without touching other runs; tensors must not be changed in place.
         """
-        key = (backbone, str(device))
+        key = (*prepared_key(params), str(device))
         if key not in self.prepared:
             prepared = []
             for graph in self.graphs:
                 g = copy.copy(graph)
-                backbone_class(backbone).prepare(g)
+                backbone_class(params.backbone).prepare(g, params)
                 prepared.append(g.to(device))
             self.prepared[key] = prepared
         return [copy.copy(g) for g in self.prepared[key]]
@@ -160,7 +161,7 @@ def run(
     method = method_class(spec.method)
     started = time.time()
     seed_everything(spec.seed, device)
-    graphs = data.on_device(spec.params.backbone, device)
+    graphs = data.on_device(spec.params, device)
     setup = Setup(
         num_features=data.num_features,
         num_classes=data.num_classes,
@@ -170,9 +171,7 @@ def run(
         device=device,
         seed=spec.seed,
     )
-    template = backbone_class(spec.params.backbone)(
-        data.num_features, spec.params.hidden, data.num_classes, spec.params.dropout
-    ).to(device)
+    template = build_backbone(spec.params, data.num_features, data.num_classes).to(device)
     server = method.server(copy.deepcopy(template), spec.params, setup)
     clients = [method.client(cid, g, copy.deepcopy(template), spec.params, setup) for cid, g in enumerate(graphs)]
     client_ids = list(range(len(clients)))

@@ -46,6 +46,7 @@ FORMATS = ("terminal", "markdown", "latex", "csv")
 # at the run's best client-mean validation round (FED-PUB, the default); "per-client" = each client's
 # test value at its own best validation round, then the client mean (FedICI's released code).
 SELECTION_RULES = {"global": "", "per-client": "_client_best"}
+VALUES = ("test", "val")  # what a cell shows: the test value, or the validation value that chose it
 
 _HETERO_METRICS = "Accuracy (%) for Roman-empire and Amazon-ratings, ROC-AUC (%) for Minesweeper, Tolokers and Questions."
 CAPTIONS = {
@@ -90,6 +91,7 @@ class Selection:
     rule: str = "global"
     protocol: str = DEFAULT_PROTOCOL
     tuned: Path | None = None  # the `fair` protocol's folder of tuned values
+    value: str = "test"  # "test", or "val" to choose settings by (never report validation as a result)
 
     def spec_of(self, method: str, dataset: str, scheme: str, clients: int) -> RunSpec | None:
         """Seed 0's spec of one cell under the selected protocol; None where `fair` has no tuned values."""
@@ -112,8 +114,9 @@ class Selection:
     def run_keys(self, method: str, dataset: str, scheme: str, clients: int) -> list[str]:
         return list(self.runs_of(method, dataset, scheme, clients)["run_key"]) if len(self.runs) else []
 
-    def cell(self, method: str, dataset: str, scheme: str, clients: int, column: str = "test") -> Cell | None:
+    def cell(self, method: str, dataset: str, scheme: str, clients: int, column: str | None = None) -> Cell | None:
         chosen = self.runs_of(method, dataset, scheme, clients)
+        column = column or self.value
         if chosen.empty:
             return None
         if column in ("test", "val"):
@@ -343,6 +346,11 @@ def _terminal(blocks: Sequence[Block], caption: str):
 def check_rule(rule: str) -> None:
     if rule not in SELECTION_RULES:
         raise UserError(f"unknown selection rule {rule!r}; choose from {', '.join(SELECTION_RULES)}")
+
+
+def check_value(value: str) -> None:
+    if value not in VALUES:
+        raise UserError(f"unknown value {value!r}; choose from {', '.join(VALUES)}")
 
 
 def check_format(fmt: str) -> None:

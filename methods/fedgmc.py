@@ -69,7 +69,7 @@ class FedGMCParams(MethodParams):
 
     bounds = {
         "Q": at_least(1), "B": at_least(1), "tau": positive(), "eta": positive(), "sinkhorn_reg": positive(),
-        "semantic_weight": non_negative(), "structural_weight": non_negative(),
+        "sinkhorn_marginal": non_negative(), "semantic_weight": non_negative(), "structural_weight": non_negative(),
     }  # fmt: skip
 
     backbone: str = FEDGMC_BACKBONE  # H2GCN (paper B.6) with σ = tanh for the ego embeddings (docs/fedgmc.md, item 18)
@@ -81,6 +81,8 @@ class FedGMCParams(MethodParams):
     eta: float = 0.1  # largest step of one anchor per refinement
     sinkhorn_reg: float = 0.1  # entropic regularisation of the Sinkhorn assignment F (not given in the paper)
     sinkhorn_relative: bool = True  # sinkhorn_reg relative to the spread of the costs (else absolute)
+    sinkhorn_marginal: float = 0.0  # KL weight on the marginals: 0 = balanced Sinkhorn, > 0 = unbalanced (POT)
+    renormalize_templates: bool = False  # project refined template rows back onto the unit sphere
     combine: str = "sum"  # r² from Eq. 5: "sum" of the 1-hop and 2-hop aggregations, or "ring" (2-hop only)
     semantic_weight: float = 1.0  # weight of Eq. 3 in Eq. 74
     structural_weight: float = 1.0  # weight of Eq. 7 in Eq. 74
@@ -209,9 +211,13 @@ def two_point_wasserstein(measures: Tensor, templates: Tensor) -> Tensor:
     return 0.5 * (norms - common - matching.abs())
 
 
-def sinkhorn_assignment(costs: Tensor, reg: float, relative: bool = True) -> Tensor:
+def sinkhorn_assignment(costs: Tensor, reg: float, relative: bool = True, marginal: float = 0.0) -> Tensor:
     """F ∈ R^{B×Q}: Sinkhorn-Knopp plan between uniform marginals on the B measures and the Q templates
     (POT `ot.sinkhorn`), scaled so each row sums to 1 ((F)_bq = P(measure b ↦ template q)).
+
+    `marginal` > 0 solves the unbalanced problem instead (POT `ot.sinkhorn_unbalanced`, KL penalty of
+    that weight on both marginals) and normalises each row to 1: the paper names Sinkhorn-Knopp, which
+    is the balanced solver, so 0 is the default; the unbalanced one lets popular templates take more.
 
     The uniform column marginal spreads the measures over all templates, which keeps a template from
     capturing every node. The plan is a constant of the loss (Eq. 7 is differentiated in W only).
@@ -231,8 +237,13 @@ def sinkhorn_assignment(costs: Tensor, reg: float, relative: bool = True) -> Ten
         matrix = (matrix - matrix.mean()) / (matrix.std() + 1e-12)
     # stopThr 1e-6 (POT's default is 1e-9): F then differs from the converged plan by < 1e-4 per entry
     # on Cora, at 60 % of the iterations, which are this call's cost (the chosen runs did not change).
-    plan = ot.sinkhorn(np.full(rows, 1.0 / rows), np.full(cols, 1.0 / cols), matrix, reg, stopThr=1e-6)
-    return torch.from_numpy(plan * rows).to(device=costs.device, dtype=costs.dtype)
+    a, b = np.full(rows, 1.0 / rows), np.full(cols, 1.0 / cols)
+    if marginal > 0:
+        plan = ot.sinkhorn_unbalanced(a, b, matrix, reg, marginal, stopThr=1e-6)
+        plan = plan / np.maximum(plan.sum(1, keepdims=True), np.finfo(plan.dtype).tiny)
+    else:
+        plan = ot.sinkhorn(a, b, matrix, reg, stopThr=1e-6) * rows
+    return torch.from_numpy(plan).to(device=costs.device, dtype=costs.dtype)
 
 
 # ----------------------------------------------------------------------------- server refinement
@@ -394,7 +405,7 @@ class FedGMCClient(TrainingClient):
         if len(costs) == 0:  # no node with a neighbour: nothing to calibrate
             self.assignment = costs.detach()
         elif self.assignment is None:
-            self.assignment = sinkhorn_assignment(costs, p.sinkhorn_reg, p.sinkhorn_relative)
+            self.assignment = sinkhorn_assignment(costs, p.sinkhorn_reg, p.sinkhorn_relative, p.sinkhorn_marginal)
         self.state["measures"] = measures.detach()
         self.state["assignment"] = self.assignment
         return (self.assignment * costs).sum(1).mean() if len(costs) else costs.sum()
@@ -472,6 +483,8 @@ class FedGMCServer(Server):
             measures = torch.cat([u["measures"] for u in ups])
             assignment = torch.cat([u["assignment"] for u in ups])
             self.templates, self.template_distances = refine_templates(self.templates, measures, assignment)
+            if p.renormalize_templates:  # rows back on the sphere the normalised radial sequences live on
+                self.templates = F.normalize(self.templates, dim=2)
 
     def diagnostics(self) -> dict[str, float]:
         """Per round: the anchors' distance from a simplex ETF and the clients' mean losses."""

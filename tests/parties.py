@@ -6,7 +6,7 @@ import copy
 
 import torch
 
-from gfl_bench.backbones import backbone_class
+from gfl_bench.backbones import build_backbone
 from gfl_bench.method import Method, MethodParams, Server, Setup
 from gfl_bench.runner import FederatedData
 
@@ -16,10 +16,10 @@ def build_parties(
 ) -> tuple[Server, list]:
     """One seeded initial model on the method's backbone, copied to the server and to every client."""
     device = device or torch.device("cpu")
-    graphs = federation.on_device(params.backbone, device)
+    graphs = federation.on_device(params, device)
     setup = Setup(federation.num_features, federation.num_classes, len(graphs), rounds, 1, device, 0)
     torch.manual_seed(0)
-    template = backbone_class(params.backbone)(setup.num_features, params.hidden, setup.num_classes, params.dropout)
+    template = build_backbone(params, setup.num_features, setup.num_classes)
     server = method.server(copy.deepcopy(template), params, setup)
     clients = [method.client(i, g, copy.deepcopy(template), params, setup) for i, g in enumerate(graphs)]
     return server, clients

@@ -43,7 +43,7 @@ def test_proxy_graph_is_fixed_by_its_seed():
 
 
 def test_masked_gcn_with_unit_masks_is_the_gcn_and_prunes_in_eval(tiny_federation, cpu):
-    graph = tiny_federation.on_device("masked_gcn", cpu)[0]
+    graph = tiny_federation.on_device(FedPubParams(), cpu)[0]
     torch.manual_seed(0)
     plain = GCN(tiny_federation.num_features, 16, tiny_federation.num_classes, 0.5)
     torch.manual_seed(0)
