@@ -70,3 +70,28 @@ def test_gcn_matches_pyg_message_passing():
     reference = GCNConv(5, 4)
     reference.load_state_dict(model.conv1.state_dict())
     torch.testing.assert_close(model.conv1(graph.x, graph.gcn_adj), reference(graph.x, graph.edge_index))
+
+
+def test_prepared_graphs_are_cached_per_backbone_option(tiny_federation, cpu, monkeypatch):
+    """A backbone that reads a Params field in `prepare` gets one prepared copy per value of it."""
+    import dataclasses
+
+    from gfl_bench import backbones
+    from gfl_bench.method import MethodParams
+
+    class Scaled(backbones.GCN):
+        options = ("hidden",)
+
+        @staticmethod
+        def prepare(graph, params=None):
+            backbones.GCN.prepare(graph, params)
+            graph.scale = torch.tensor(float(params.hidden))
+
+    monkeypatch.setitem(backbones.BACKBONES, "scaled-test", Scaled)
+    narrow = dataclasses.replace(MethodParams(), backbone="scaled-test", hidden=8)
+    wide = dataclasses.replace(narrow, hidden=32)
+    assert tiny_federation.on_device(narrow, cpu)[0].scale == 8.0
+    assert tiny_federation.on_device(wide, cpu)[0].scale == 32.0  # not the copy prepared for hidden=8
+    assert tiny_federation.on_device(narrow, cpu)[0].scale == 8.0
+    model = backbones.build_backbone(wide, tiny_federation.num_features, tiny_federation.num_classes)
+    assert isinstance(model, Scaled) and model.conv1.out_channels == 32

@@ -160,6 +160,33 @@ def test_sinkhorn_plan_marginals() -> None:
     assert np.allclose(assignment.numpy(), 40 * plan, atol=1e-10)  # it is POT's Sinkhorn-Knopp plan
 
 
+def test_unbalanced_sinkhorn_is_row_stochastic_and_lets_templates_differ_in_mass() -> None:
+    """`sinkhorn_marginal` > 0: POT's unbalanced plan with rows renormalised to 1. A large marginal
+    weight approaches the balanced plan; a small one lets the cheap templates take more measures."""
+    costs = two_point_wasserstein(unit_rows(40, 2, 8, seed=3), random_templates(6, 8, generator(4)).double())
+    balanced = sinkhorn_assignment(costs, reg=0.05)
+    loose = sinkhorn_assignment(costs, reg=0.05, marginal=0.05)
+    assert torch.allclose(loose.sum(1), torch.ones(40, dtype=costs.dtype), atol=1e-8)
+    assert (loose >= 0).all()
+    assert loose.sum(0).std() > balanced.sum(0).std() + 0.5  # column masses are no longer forced equal
+    tight = sinkhorn_assignment(costs, reg=0.05, marginal=1e4)
+    assert (tight - balanced).abs().max() < 0.05
+
+
+def test_renormalised_templates_lie_on_the_sphere(tiny_federation) -> None:
+    params = FedGMCParams(hidden=16, renormalize_templates=True)
+    server, clients = build_parties(method_class("fedgmc"), params, tiny_federation, rounds=2)
+    rnd = Round(0, 0)
+    downloads = server.configure(rnd, [c.cid for c in clients])
+    server.aggregate(rnd, {c.cid: c.fit(rnd, downloads[c.cid]) for c in clients})
+    assert torch.allclose(server.templates.norm(dim=2), torch.ones(params.Q, 2), atol=1e-6)
+    plain = FedGMCParams(hidden=16)
+    server, clients = build_parties(method_class("fedgmc"), plain, tiny_federation, rounds=2)
+    downloads = server.configure(rnd, [c.cid for c in clients])
+    server.aggregate(rnd, {c.cid: c.fit(rnd, downloads[c.cid]) for c in clients})
+    assert (server.templates.norm(dim=2) < 1 - 1e-3).any()  # weighted means of unit rows sit inside
+
+
 def test_relative_sinkhorn_ignores_the_cost_scale() -> None:
     """Relative: F is the same for W and a·W + b. Absolute: gathered embeddings (costs that differ by
     little) get an almost uniform F, the degenerate case the relative temperature avoids."""

@@ -89,6 +89,18 @@ def test_per_client_selection_reads_the_client_best_columns(store):
     assert "Selection: per-client" in result.stdout
 
 
+def test_value_val_shows_the_validation_that_chose_the_round_and_says_so(store):
+    args = ["table", "1", "-d", "cora", "-f", "csv", "--store", str(store), "--seeds", "3", "--selection", "per-client",
+            "--value", "val"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = {line.split(",")[0].split(" [")[0]: line.split(",") for line in result.stdout.splitlines()}
+    assert rows["Local"][1] == "52.20±0.16"  # the fixture's client-best validation is 1 point above `val`
+    assert "Values: VALIDATION" in result.stdout
+    bad = CliRunner().invoke(app, ["table", "1", "--store", str(store), "--value", "train"])
+    assert bad.exit_code == 2 and "unknown value 'train'" in bad.output
+
+
 def test_unknown_selection_rule_is_one_line(store):
     result = CliRunner().invoke(app, ["table", "1", "--store", str(store), "--selection", "oracle"])
     assert result.exit_code == 2 and "unknown selection rule 'oracle'" in result.output
