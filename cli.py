@@ -153,6 +153,11 @@ BatchedOption = Annotated[
     typer.Option("--batched/--per-client", help="Train all clients of Local, FedAvg and FedPer (GCN) in one pass per "
                  "epoch (same numbers up to float rounding on CPU; gfl_bench/batched.py)."),
 ]
+SparseOption = Annotated[
+    bool,
+    typer.Option("--sparse-features/--dense-features", help="First layer from a CSR copy of the features: 2-5× "
+                 "cheaper on bag-of-words graphs (bench/sparse_features.py); same numbers up to float rounding."),
+]
 
 
 @app.command()
@@ -169,6 +174,7 @@ def run(
     threads: ThreadsOption = 1,
     workers: WorkersOption = 1,
     batched: BatchedOption = False,
+    sparse_features: SparseOption = False,
     set_: SetOption = None,
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,
@@ -200,7 +206,7 @@ def run(
         make_spec(meth, ds, partition, m, seed, overrides[meth], rounds, local_epochs, data_seed, protocol, tuned_dir)
         for ds in datasets for m in counts for meth in methods for seed in range(seeds)
     ]  # fmt: skip
-    env = Environment(device, data_dir or default_data_dir(), threads, snapshots, snapshot_dir, batched)
+    env = Environment(device, data_dir or default_data_dir(), threads, snapshots, snapshot_dir, batched, sparse_features)
     no_snapshots = frozenset(
         s.run_key for s in specs if any(not (snapshot_dir / s.run_key / f"round{r}.pt").exists() for r in snapshots)
     )
@@ -226,6 +232,7 @@ def sweep(
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
     threads: ThreadsOption = 1,
     batched: BatchedOption = False,
+    sparse_features: SparseOption = False,
     set_: SetOption = None,
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,
@@ -261,7 +268,7 @@ def sweep(
                     tuple((partition, c) for c in counts))  # fmt: skip
     if grid is not None:
         specs = _grid_specs_checked(grid, table_, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned_dir)
-    env = Environment(device, data_dir or default_data_dir(), threads, batched=batched)
+    env = Environment(device, data_dir or default_data_dir(), threads, batched=batched, sparse_features=sparse_features)
     if dry_run:
         import pandas as pd
 

@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batched", action="store_true", help="train batchable methods' clients together (gfl_bench/batched.py)")
+    parser.add_argument("--sparse-features", action="store_true", help="first layer from a CSR copy of the features")
     args = parser.parse_args()
 
     if args.threads:
@@ -64,7 +65,7 @@ def main() -> None:
     medians: dict[str, float] = {}
     for method in methods:
         spec = make_spec(method, args.dataset, args.partition, args.clients, 0, overrides[method], rounds=args.rounds)
-        record = run(spec, data, device, batched=args.batched)
+        record = run(spec, data, device, batched=args.batched, sparse_features=args.sparse_features)
         all_seconds = record["seconds_per_round"]
         seconds = all_seconds[args.warmup :]
         q1, median, q3 = statistics.quantiles(seconds, n=4) if len(seconds) > 1 else (seconds[0],) * 3

@@ -41,6 +41,7 @@ class Environment:
     snapshot_rounds: frozenset[int] = field(default_factory=frozenset)
     snapshot_dir: Path = Path("results") / "snapshots"
     batched: bool = False  # train the clients of a `batchable` method together (gfl_bench/batched.py)
+    sparse_features: bool = False  # first layer from a CSR copy of the features (backbones.input_layer)
 
 
 _caches: dict[Path | None, DataCache] = {}  # per worker process: datasets and partitions loaded once
@@ -59,7 +60,8 @@ def run_job(spec: RunSpec, env: Environment, on_round: RoundCallback | None = No
     started = time.time()
     try:
         data = _caches[env.data_dir].federated(spec.dataset, spec.scheme, spec.clients, spec.data_seed)
-        return run(spec, data, device, on_round, env.snapshot_rounds, env.snapshot_dir, env.batched)
+        return run(spec, data, device, on_round, env.snapshot_rounds, env.snapshot_dir, env.batched,
+                   env.sparse_features)
     except UserError:
         raise
     except Exception as error:  # noqa: BLE001 - recorded with its type and message, the sweep goes on

@@ -150,18 +150,24 @@ def run(
     snapshot_rounds: frozenset[int] = frozenset(),
     snapshot_dir: Path | None = None,
     batched: bool = False,
+    sparse_features: bool = False,
 ) -> dict:
     """Train `spec` on `data` and return its record (see gfl_bench/store.py for the fields).
 
     At each round in `snapshot_rounds` the server's `snapshot()` is saved to
     `snapshot_dir/<run_key>/round<r>.pt` for case-study figures. With `batched`, a method that
     declares `batchable` has all its clients' local training done at once (gfl_bench/batched.py);
-    the record says which path ran (`execution`).
+    the record says which path ran (`execution`). With `sparse_features`, the backbones' first layer
+    multiplies a CSR copy of the features (`backbones.input_layer`; the record's `features` says so).
+    Both change float summation order only.
     """
     method = method_class(spec.method)
     started = time.time()
     seed_everything(spec.seed, device)
     graphs = data.on_device(spec.params, device)
+    if sparse_features:
+        for graph in graphs:  # shallow copies: the shared prepared graphs stay dense-only
+            graph.x_sparse = graph.x.to_sparse_csr()
     setup = Setup(
         num_features=data.num_features,
         num_classes=data.num_classes,
@@ -261,6 +267,7 @@ def run(
         "seconds_per_round": seconds,
         "seconds_per_phase": phases,
         "execution": "batched" if together is not None else "per-client",
+        "features": "sparse" if sparse_features else "dense",
         "peak_memory_bytes": peak_memory(device),
         "bytes_up": bytes_up,
         "bytes_down": bytes_down,
