@@ -525,6 +525,7 @@ class DisenGCN(Backbone):
     # them factor by factor); parameters not listed (the classifier bias) have no factor structure.
     factor_axes: ClassVar[dict[str, int]] = {"projection.weight": 0, "projection.bias": 0, "classifier.weight": 1}
     defaults: ClassVar[dict[str, Any]] = {"factors": 2, "routing_layers": 5, "routing_iters": 6, "routing_tau": 1.0}
+    checkpoint_above: ClassVar[int] = 2**24  # E·K·h above which routing layers are recomputed for backward (64 MB per gather)
 
     def __init__(
         self, in_dim: int, hidden: int, num_classes: int, dropout: float, factors: int = 2, base_layers: int = 1,
@@ -559,8 +560,15 @@ class DisenGCN(Backbone):
         return F.dropout(F.leaky_relu(h), self.dropout, self.training)
 
     def _route(self, z: Tensor, graph: Data, layers: int) -> Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        # Autograd would keep T gathered [E, K, h] tensors per layer; on large clients (arxiv-sized: GBs)
+        # each layer is recomputed in the backward pass instead (same numbers, one extra forward).
+        recompute = z.requires_grad and graph.edge_index.shape[1] * z[0].numel() > self.checkpoint_above
         for _ in range(layers):
-            z = self._activate(neighbourhood_routing(z, graph.edge_index, self.iterations, self.tau))
+            args = (z, graph.edge_index, self.iterations, self.tau)
+            z = checkpoint(neighbourhood_routing, *args, use_reentrant=False) if recompute else neighbourhood_routing(*args)
+            z = self._activate(z)
         return z
 
     def factor_embeddings(self, graph: Data) -> Tensor:
