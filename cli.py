@@ -277,19 +277,25 @@ def sweep(
         if Path(store).exists():
             with RunStore(store) as runs:
                 todo = pending(specs, runs, False, retry_failed)
-                plan = estimate(todo, runs.frame())
+                plan = estimate(todo, runs.frame(), device=_planned_device(env.device))
         else:  # a dry run writes nothing, not even an empty store
-            todo, plan = specs, estimate(specs, pd.DataFrame())
+            todo, plan = specs, estimate(specs, pd.DataFrame(), device=_planned_device(env.device))
         known = plan["est. seconds"].dropna()
         plan["est. seconds"] = plan["est. seconds"].map(lambda v: "?" if v != v else f"{v:.0f}")
         sys.stdout.write(plan.to_markdown(index=False) + "\n" if len(plan) else "")
         console.print(
             f"{len(specs)} runs in the grid, {len(todo)} missing; estimated {known.sum() / 3600:.2f} h of run time "
-            f"for the {int(plan.loc[plan['est. seconds'] != '?', 'runs'].sum())} with a stored basis "
-            f"(one worker; evaluation not included)"
+            f"for the {int(plan.loc[plan['est. seconds'] != '?', 'runs'].sum())} with a basis "
+            f"(one worker; the `basis` column says where each estimate comes from: the store's times leave "
+            f"evaluation out, bench/round_times.csv includes it)"
         )
         return
     _run_grid(specs, store, env, workers, False, retry_failed, executor, address, gpus_per_run)
+
+
+def _planned_device(device: str) -> str | None:
+    """The device type a dry run plans for (None for auto: any measured row will do)."""
+    return None if device == "auto" else device.split(":")[0]
 
 
 def _grid_specs_checked(grid, table_, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned) -> list[RunSpec]:

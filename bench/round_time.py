@@ -12,14 +12,22 @@ rounds (default 1) are left out of the median and shown on their own as "first r
 where one-off work lands (FedSage+'s generator phase, CUDA warm-up). Methods whose behaviour changes
 late (GCFL splits only after round 20) need `--rounds` beyond that. Nothing is stored; the figures
 depend on the machine, which is printed.
+
+`--out FILE` also merges one row per method into a CSV (method, dataset, scheme, clients, device,
+median seconds per round with evaluation included, peak MB, machine), replacing earlier rows of the
+same cell, device and machine. `bench/round_times.csv`, written this way, is what `gflbench sweep
+--dry-run` falls back on when the store holds no run of a cell (gfl_bench/sweep.py `estimate`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
+from pathlib import Path
 
+import pandas as pd
 import torch
 from rich.console import Console
 from rich.table import Table
@@ -42,6 +50,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="leading rounds reported apart, not in the median")
     parser.add_argument("--methods", default="", help="comma-separated; default every registered method")
     parser.add_argument("--set", action="append", default=[], help="method.key=value override")
+    parser.add_argument("--local-epochs", type=int, default=None, help="default: the protocol's")
+    parser.add_argument("--out", type=Path, help="merge one row per method into this CSV (bench/round_times.csv)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batched", action="store_true", help="train batchable methods' clients together (gfl_bench/batched.py)")
@@ -63,8 +73,10 @@ def main() -> None:
 
     rows: dict[str, list[str]] = {}
     medians: dict[str, float] = {}
+    measured: list[dict] = []
     for method in methods:
-        spec = make_spec(method, args.dataset, args.partition, args.clients, 0, overrides[method], rounds=args.rounds)
+        spec = make_spec(method, args.dataset, args.partition, args.clients, 0, overrides[method], rounds=args.rounds,
+                         local_epochs=args.local_epochs)  # fmt: skip
         record = run(spec, data, device, batched=args.batched, sparse_features=args.sparse_features)
         all_seconds = record["seconds_per_round"]
         seconds = all_seconds[args.warmup :]
@@ -74,6 +86,10 @@ def main() -> None:
                   for p in ("configure", "fit", "aggregate", "evaluate")]  # fmt: skip
         rows[method] = [f"{spec.params.backbone}, {record['execution']}", f"{median:.4f}", f"{q1:.4f}–{q3:.4f}", *(f"{p:.4f}" for p in phases),
                         f"{sum(all_seconds[: args.warmup]):.3f}", f"{record['peak_memory_bytes'] / 2**20:.0f}"]  # fmt: skip
+        with_evaluation = [s + e for s, e in zip(all_seconds, record["seconds_per_phase"]["evaluate"])][args.warmup :]
+        measured.append({"method": method, "dataset": args.dataset, "scheme": args.partition, "clients": args.clients,
+                         "device": device.type, "seconds_per_round": round(statistics.median(with_evaluation), 5),
+                         "peak_mb": round(record["peak_memory_bytes"] / 2**20), "machine": ""})  # fmt: skip
 
     machine = f"{device_name(device)} ({device}), {torch.get_num_threads()} CPU thread(s), {platform.node()}"
     table = Table("method", "backbone", "s / round (median)", "IQR", "configure", "local training", "aggregation",
@@ -84,6 +100,20 @@ def main() -> None:
     for method, row in rows.items():
         table.add_row(method, *row[:7], f"{medians[method] / base:.2f}", *row[7:])
     Console(width=200).print(table)
+    if args.out:
+        label = f"{device_name(device)}, {os.cpu_count()} cores, {torch.get_num_threads()} thread(s)"
+        merge_round_times(args.out, [{**row, "machine": label} for row in measured])
+
+
+def merge_round_times(path: Path, rows: list[dict]) -> None:
+    """Add `rows` to the CSV at `path`, replacing rows of the same cell, device and machine (a re-measurement)."""
+    key = ["method", "dataset", "scheme", "clients", "device", "machine"]
+    new = pd.DataFrame(rows)
+    if path.is_file():
+        old = pd.read_csv(path)
+        stale = old.set_index(key).index.isin(new.set_index(key).index)
+        new = pd.concat([old[~stale], new], ignore_index=True)
+    new.sort_values(key).to_csv(path, index=False)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ reported as skipped, never silently dropped.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,26 +63,84 @@ def grid_specs(
     ]  # fmt: skip
 
 
-def estimate(specs: Sequence[RunSpec], runs: pd.DataFrame) -> pd.DataFrame:
-    """Planned runs per cell with an estimated time from stored seconds per round.
+ROUND_TIMES_ENV = "GFLBENCH_ROUND_TIMES"
+ROUND_TIMES_COLUMNS = ("method", "dataset", "scheme", "clients", "device", "seconds_per_round", "peak_mb", "machine")
 
-    The estimate uses the mean stored seconds per round of the same method, dataset, scheme and client
-    count, else of the same method and dataset; evaluation time is not included. NaN: no basis.
+
+def default_round_times() -> Path:
+    """The committed measurements (`bench/round_times.csv` of a checkout), or `GFLBENCH_ROUND_TIMES`."""
+    return Path(os.environ.get(ROUND_TIMES_ENV) or Path(__file__).resolve().parent.parent / "bench" / "round_times.csv")
+
+
+def load_round_times(path: Path | None = None) -> pd.DataFrame:
+    """Measured seconds per round (evaluation included) from `bench/round_time.py --out`; empty if absent.
+
+    The dry run's fallback when the store has no run of a cell: a fresh checkout can still plan a sweep.
+    """
+    path = default_round_times() if path is None else Path(path)
+    if not path.is_file():
+        return pd.DataFrame(columns=list(ROUND_TIMES_COLUMNS))
+    frame = pd.read_csv(path)
+    missing = [c for c in ROUND_TIMES_COLUMNS if c not in frame.columns]
+    if missing:
+        raise UserError(f"{path} lacks the column(s) {', '.join(missing)}; write it with bench/round_time.py --out")
+    return frame
+
+
+def estimate(
+    specs: Sequence[RunSpec], runs: pd.DataFrame, measured: pd.DataFrame | None = None, device: str | None = None
+) -> pd.DataFrame:
+    """Planned runs per cell with an estimated time, and the basis each estimate rests on.
+
+    Bases, first that applies: the store's mean seconds per round for the same method, dataset, scheme
+    and client count ("store"), else for the same method and dataset ("store, other settings"); both
+    leave evaluation out. Then the measured table (`measured`, default `load_round_times()`, evaluation
+    included): the same cell ("round_times.csv"), else the same method and dataset at the nearest
+    measured client count, scaled in proportion to the client count (a rough rule: on these graphs a
+    round's cost is mostly per-client work). `device` (e.g. "cpu", "cuda") keeps measured rows of that
+    device type when there are any. NaN and basis "none": nothing to go on.
     """
     ok = runs[runs["status"] == "ok"] if len(runs) else runs
+    table = load_round_times() if measured is None else measured
+    if device is not None and len(table):
+        same_device = table[table["device"].astype(str).str.split(":").str[0] == device.split(":")[0]]
+        table = same_device if len(same_device) else table
     rows = []
     cells: dict[tuple, list[RunSpec]] = {}
     for spec in specs:
         cells.setdefault((spec.method, spec.dataset, spec.scheme, spec.clients), []).append(spec)
     for (method, dataset, scheme, clients), members in cells.items():
-        per_round = math.nan
-        if len(ok):
-            same = ok[(ok["method"] == method) & (ok["dataset"] == dataset)]
-            exact = same[(same["scheme"] == scheme) & (same["clients"] == clients)]
-            basis = exact if len(exact) else same
-            if len(basis):
-                per_round = float(basis["seconds_per_round"].mean())
+        per_round, basis = _stored_basis(ok, method, dataset, scheme, clients)
+        if basis == "none":
+            per_round, basis = _measured_basis(table, method, dataset, scheme, clients)
         seconds = per_round * sum(s.rounds for s in members)
         rows.append({"method": method, "dataset": dataset, "scheme": scheme, "clients": clients,
-                     "runs": len(members), "est. seconds": seconds})  # fmt: skip
-    return pd.DataFrame(rows, columns=["method", "dataset", "scheme", "clients", "runs", "est. seconds"])
+                     "runs": len(members), "est. seconds": seconds, "basis": basis})  # fmt: skip
+    return pd.DataFrame(rows, columns=["method", "dataset", "scheme", "clients", "runs", "est. seconds", "basis"])
+
+
+def _stored_basis(ok: pd.DataFrame, method: str, dataset: str, scheme: str, clients: int) -> tuple[float, str]:
+    if not len(ok):
+        return math.nan, "none"
+    same = ok[(ok["method"] == method) & (ok["dataset"] == dataset)]
+    exact = same[(same["scheme"] == scheme) & (same["clients"] == clients)]
+    if len(exact):
+        return float(exact["seconds_per_round"].mean()), f"store ({len(exact)} runs)"
+    if len(same):
+        return float(same["seconds_per_round"].mean()), f"store, other settings ({len(same)} runs)"
+    return math.nan, "none"
+
+
+def _measured_basis(table: pd.DataFrame, method: str, dataset: str, scheme: str, clients: int) -> tuple[float, str]:
+    if not len(table):
+        return math.nan, "none"
+    same = table[(table["method"] == method) & (table["dataset"] == dataset)]
+    exact = same[(same["scheme"] == scheme) & (same["clients"] == clients)]
+    if len(exact):
+        return float(exact["seconds_per_round"].mean()), "round_times.csv"
+    if not len(same):
+        return math.nan, "none"
+    counts = same["clients"].astype(int)
+    nearest = int(counts.iloc[(counts - clients).abs().argmin()])
+    per_round = float(same.loc[counts == nearest, "seconds_per_round"].mean()) * clients / nearest
+    return per_round, f"round_times.csv, scaled from {nearest} clients"

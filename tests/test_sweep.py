@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
 from cli import app
+from gfl_bench.errors import UserError
+from gfl_bench.spec import make_spec
 from gfl_bench.store import RunStore
-from gfl_bench.sweep import grid_specs, table_grid
+from gfl_bench.sweep import estimate, grid_specs, load_round_times, table_grid
 
 TINY = ["-d", "tiny", "--clients", "5", "--seeds", "2", "--rounds", "3"]
 
@@ -80,3 +84,46 @@ def test_sweep_under_ray_local_cluster(store):
         assert len(RunStore(store)) == 2
     finally:
         ray.shutdown()
+
+
+MEASURED = """method,dataset,scheme,clients,device,seconds_per_round,peak_mb,machine
+fedavg,tiny,metis,5,cpu,0.5,300,test machine
+fedavg,tiny,metis,10,cuda,0.1,50,test gpu
+local,cora,metis,10,cpu,2.0,400,test machine
+"""
+
+
+def test_estimate_falls_back_to_measured_round_times(tmp_path):
+    measured = tmp_path / "round_times.csv"
+    measured.write_text(MEASURED)
+    table = load_round_times(measured)
+    specs = [make_spec(m, "tiny", "metis", c, 0, rounds=4) for m in ("fedavg", "fedprox") for c in (5, 10)]
+    plan = estimate(specs, pd.DataFrame(), table, device="cpu").set_index(["method", "clients"])
+    assert plan.loc[("fedavg", 5), "basis"] == "round_times.csv" and plan.loc[("fedavg", 5), "est. seconds"] == 0.5 * 4
+    assert plan.loc[("fedavg", 10), "basis"] == "round_times.csv, scaled from 5 clients"  # the cuda row is set aside
+    assert plan.loc[("fedavg", 10), "est. seconds"] == 0.5 * 10 / 5 * 4
+    assert plan.loc[("fedprox", 5), "basis"] == "none" and math.isnan(plan.loc[("fedprox", 5), "est. seconds"])
+    on_gpu = estimate(specs[1:2], pd.DataFrame(), table, device="cuda:0")
+    assert on_gpu["basis"].tolist() == ["round_times.csv"] and on_gpu["est. seconds"].tolist() == [0.1 * 4]
+    stored = pd.DataFrame([{"method": "fedavg", "dataset": "tiny", "scheme": "metis", "clients": 5, "status": "ok",
+                            "seconds_per_round": 0.25}])  # fmt: skip
+    preferred = estimate(specs[:2], stored, table).set_index("clients")
+    assert preferred.loc[5, "basis"] == "store (1 runs)" and preferred.loc[10, "basis"] == "store, other settings (1 runs)"
+
+
+def test_measured_table_needs_its_columns(tmp_path):
+    bad = tmp_path / "round_times.csv"
+    bad.write_text("method,dataset\nfedavg,tiny\n")
+    with pytest.raises(UserError, match="seconds_per_round"):
+        load_round_times(bad)
+    assert load_round_times(tmp_path / "absent.csv").empty
+
+
+def test_dry_run_says_which_basis(store, tmp_path, monkeypatch):
+    measured = tmp_path / "round_times.csv"
+    measured.write_text(MEASURED)
+    monkeypatch.setenv("GFLBENCH_ROUND_TIMES", str(measured))
+    plan = CliRunner().invoke(app, ["sweep", "-m", "fedavg,fedprox", *TINY, "--store", str(store), "--dry-run"])
+    assert plan.exit_code == 0, plan.output
+    assert "basis" in plan.stdout and "round_times.csv" in plan.stdout and "none" in plan.stdout
+    assert "?" in plan.stdout  # fedprox has no basis
