@@ -77,7 +77,7 @@ from torch.utils.checkpoint import checkpoint
 from torch_geometric.data import Data
 
 from baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
-from gfl_bench.aggregation import load_model_state, weighted_mean
+from gfl_bench.aggregation import client_weights, load_model_state, weighted_mean
 from gfl_bench.backbones import Backbone
 from gfl_bench.errors import UserError
 from gfl_bench.graph_ops import binary_adjacency, gcn_adjacency
@@ -527,12 +527,7 @@ class AdaFGLServer(FedAvgServer):
         if self.current != EXTRACT:
             return
         states = [u["weights"] for u in uploads.values()]
-        if self.params.weighting == "uniform":
-            weights = torch.ones(len(states))
-        else:
-            key = "num_nodes" if self.params.weighting == "nodes" else "num_train"
-            weights = torch.stack([u[key] for u in uploads.values()]).float().clamp(min=1)
-        self.global_weights = weighted_mean(states, weights)
+        self.global_weights = weighted_mean(states, client_weights(uploads, self.params.weighting))
 
     def diagnostics(self) -> dict[str, float]:
         """`stage` per round in the record: 1 (FedAvg) or 2 (local personalisation)."""

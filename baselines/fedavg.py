@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
+from gfl_bench.aggregation import client_weights, load_model_state, model_state, weighted_mean
 from gfl_bench.errors import UserError
 from gfl_bench.method import BACKBONE_SEARCH_SPACE, SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server
 from gfl_bench.training import TrainingClient
@@ -66,11 +66,7 @@ class FedAvgServer(Server):
 
     def aggregate(self, rnd: Round, uploads: Mapping[int, Message]) -> None:
         states = [u["weights"] for u in uploads.values()]
-        if self.params.weighting == "uniform":
-            weights = torch.ones(len(states))
-        else:
-            weights = torch.stack([u["num_train"] for u in uploads.values()]).float().clamp(min=1)
-        self.global_weights = weighted_mean(states, weights)
+        self.global_weights = weighted_mean(states, client_weights(uploads, self.params.weighting))
 
 
 class FedAvg(Method):

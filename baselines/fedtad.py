@@ -69,7 +69,7 @@ from torch_geometric.data import Data
 from torch_geometric.utils import coalesce, to_scipy_sparse_matrix
 
 from baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
-from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
+from gfl_bench.aggregation import client_weights, load_model_state, model_state, weighted_mean
 from gfl_bench.backbones import Backbone, backbone_class, build_backbone
 from gfl_bench.errors import UserError
 from gfl_bench.method import (
@@ -350,12 +350,7 @@ class FedTADServer(FedAvgServer):
     def average(self, uploads: Mapping[int, Message]) -> None:
         """θ ← weighted mean of the client models (node counts by default), loaded into the global model."""
         states = [u["weights"] for u in uploads.values()]
-        if self.params.weighting == "uniform":
-            weights = torch.ones(len(states))
-        else:
-            key = "num_nodes" if self.params.weighting == "nodes" else "num_train"
-            weights = torch.stack([u[key] for u in uploads.values()]).float().clamp(min=1)
-        load_model_state(self.model, weighted_mean(states, weights))
+        load_model_state(self.model, weighted_mean(states, client_weights(uploads, self.params.weighting)))
 
     def distill(self, uploads: Mapping[int, Message]) -> None:
         """`glb_epochs` × (generator steps, then global-model steps) against the uploaded models."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -37,3 +37,14 @@ def weighted_mean(states: Sequence[dict[str, Tensor]], weights: Tensor) -> dict[
         mixed = torch.tensordot(w.to(stacked.device), stacked.to(torch.float64), dims=1)
         mean[key] = mixed.to(stacked.dtype)
     return mean
+
+
+# Upload key each client weighting reads ("uniform" reads none): training nodes (McMahan's FedAvg) or all nodes.
+WEIGHTING_KEYS = {"train": "num_train", "nodes": "num_nodes"}
+
+
+def client_weights(uploads: Mapping[int, dict[str, Tensor]], weighting: str) -> Tensor:
+    """One weight per upload for `weighted_mean`: 1 each ("uniform"), or the count `WEIGHTING_KEYS` names (≥ 1)."""
+    if weighting == "uniform":
+        return torch.ones(len(uploads))
+    return torch.stack([u[WEIGHTING_KEYS[weighting]] for u in uploads.values()]).float().clamp(min=1)
