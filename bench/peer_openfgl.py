@@ -6,8 +6,8 @@
 Getting OpenFGL without disturbing gflbench's pinned packages (its pyproject declares only
 `requests`, so `--no-deps` loses nothing it needs for these five methods):
 
-    git clone https://github.com/xkLi-Allen/OpenFGL /work/openfgl
-    pip install --no-deps -e /work/openfgl
+    git clone https://github.com/xkLi-Allen/OpenFGL ../openfgl
+    pip install --no-deps -e ../openfgl
 
 OpenFGL imports some packages at module level that the five methods measured here never call:
 `munkres` (clustering metrics), `sknetwork` (Louvain simulation), `torch_sparse` (SparseTensor
