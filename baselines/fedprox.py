@@ -9,6 +9,7 @@ Backbone: the 2-layer GCN + classifier (paper B.6).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -33,13 +34,10 @@ class FedProxClient(FedAvgClient):
         self.anchor = message["weights"]
         super().receive(rnd, message)
 
-    def loss(self) -> Tensor:
-        proximal = sum(
-            (param - self.anchor[name]).pow(2).sum()
-            for name, param in self.model.named_parameters()
-            if name in self.anchor
-        )
-        return super().loss() + 0.5 * self.params.mu * proximal
+    def penalty(self, parameters: Mapping[str, Tensor]) -> Tensor:
+        """(mu/2) ||θ - θ_global||², over the parameters the server sent."""
+        proximal = sum((param - self.anchor[name]).pow(2).sum() for name, param in parameters.items() if name in self.anchor)
+        return 0.5 * self.params.mu * proximal
 
 
 class FedProx(Method):
@@ -49,6 +47,7 @@ class FedProx(Method):
     Params = FedProxParams
     client = FedProxClient
     server = FedAvgServer
+    batchable = True  # CE plus a penalty of the parameters alone
 
     @classmethod
     def equivalent(cls, params: FedProxParams, scheme: str, local_epochs: int) -> tuple[str, dict] | None:

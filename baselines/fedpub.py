@@ -168,26 +168,28 @@ class FedPubClient(TrainingClient):
         self.proxy: Data | None = None
         self.anchor: dict[str, Tensor] | None = None
 
-    def fit(self, rnd: Round, message: Message) -> Message:
+    def receive(self, rnd: Round, message: Message) -> None:
         if "proxy" in message:
             proxy = Data(**message["proxy"])
             self.model.prepare(proxy, self.params)
             self.proxy = proxy.to(self.setup.device)
         load_model_state(self.model, message["weights"])  # no mask keys: the client's masks stay
         self.anchor = message["weights"] if rnd.index > 0 else None  # the code skips the term at round 0
-        self.train_local()
+
+    def upload(self) -> Message:
         return {"weights": unmasked_state(self.model), "embedding": self.functional_embedding()}
 
-    def loss(self) -> Tensor:
-        loss = super().loss()
+    def penalty(self, parameters: Mapping[str, Tensor]) -> Tensor | None:
+        """λ₁ Σ|M| + λ₂ Σ ||θ - θ̃||₂ (unsquared, per tensor), only when `regularizer_grad`."""
         if not self.params.regularizer_grad:
-            return loss
-        for name, param in self.model.named_parameters():
+            return None
+        penalty = torch.zeros((), device=self.setup.device)
+        for name, param in parameters.items():
             if name.endswith("mask"):
-                loss = loss + self.params.l1 * param.abs().sum()
+                penalty = penalty + self.params.l1 * param.abs().sum()
             elif self.anchor is not None:
-                loss = loss + self.params.loc_l2 * (param - self.anchor[name]).norm()
-        return loss
+                penalty = penalty + self.params.loc_l2 * (param - self.anchor[name]).norm()
+        return penalty
 
     @torch.no_grad()
     def functional_embedding(self) -> Tensor:
@@ -245,6 +247,7 @@ class FedPub(Method):
     Params = FedPubParams
     client = FedPubClient
     server = FedPubServer
+    batchable = True  # CE plus a penalty of the parameters alone, on the masked GCN
 
     @classmethod
     def paper_preset(cls, dataset: str, scheme: str, clients: int) -> dict[str, str]:

@@ -99,17 +99,18 @@ class GCFLClient(TrainingClient):
 
     params: GCFLParams
 
-    def fit(self, rnd: Round, message: Message) -> Message:
-        cluster_weights = message["weights"]
-        load_model_state(self.model, cluster_weights)
-        self.train_local()
+    def receive(self, rnd: Round, message: Message) -> None:
+        self.cluster_weights = message["weights"]
+        load_model_state(self.model, self.cluster_weights)
+
+    def upload(self) -> Message:
         trained = model_state(self.model)
         upload: Message = {
-            "update": {key: trained[key] - value for key, value in cluster_weights.items()},
+            "update": {key: trained[key] - value for key, value in self.cluster_weights.items()},
             "num_train": torch.tensor(self.num_train),
         }
         if self.params.variant == "gcfl+":
-            upload["grad_norm"] = self.shared_grad_norm(cluster_weights)
+            upload["grad_norm"] = self.shared_grad_norm(self.cluster_weights)
         return upload
 
     def shared_grad_norm(self, shared: Mapping[str, Tensor]) -> Tensor:
@@ -245,3 +246,4 @@ class GCFL(Method):
     Params = GCFLParams
     client = GCFLClient
     server = GCFLServer
+    batchable = True  # the local step is TrainingClient's CE step between receive and upload

@@ -321,7 +321,8 @@ def _parse_value(method: str, key: str, raw: str, kind: type) -> Any:
 def clone_message(message: Any) -> tuple[Any, int]:
     """A deep copy of a message (tensors cloned, detached) and its size in bytes."""
     if isinstance(message, Tensor):
-        return message.detach().clone(), message.numel() * message.element_size()
+        # contiguous: a client's parameters may be strided views (the batched path's stacks)
+        return message.detach().clone(memory_format=torch.contiguous_format), message.numel() * message.element_size()
     if isinstance(message, dict):
         items = {k: clone_message(v) for k, v in message.items()}
         return {k: v for k, (v, _) in items.items()}, sum(n for _, n in items.values())

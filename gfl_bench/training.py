@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import Tensor
 from torch.nn import functional as F
@@ -16,7 +18,8 @@ class TrainingClient(Client):
 
     The Adam optimiser is created once and kept across rounds (protocol §1.2); loading received
     weights copies them into the same parameter tensors, so its moments carry over as in FED-PUB.
-    Subclasses add terms to `loss`.
+    Subclasses add terms of the parameters alone to `penalty` (the batched path adds them too), and
+    other terms to `loss`.
     """
 
     def __init__(self, cid: int, graph: Data, model: Backbone, params: MethodParams, setup: Setup) -> None:
@@ -40,9 +43,17 @@ class TrainingClient(Client):
         return self.upload()
 
     def loss(self) -> Tensor:
-        """The local objective of one step; the base is cross-entropy on the training nodes."""
+        """The local objective of one step: cross-entropy on the training nodes, plus `penalty`."""
         logits = self.model(self.graph)
-        return F.cross_entropy(logits[self.train_index], self.graph.y[self.train_index])
+        loss = F.cross_entropy(logits[self.train_index], self.graph.y[self.train_index])
+        penalty = self.penalty(dict(self.model.named_parameters()))
+        return loss if penalty is None else loss + penalty
+
+    def penalty(self, parameters: Mapping[str, Tensor]) -> Tensor | None:
+        """A term of the local objective that depends on the client's parameters only (FedProx's proximal
+        term), given by name as `named_parameters()` holds them. The batched path calls it with the
+        client's slices of the stacked parameters (gfl_bench/batched.py). Default: none."""
+        return None
 
     def train_local(self) -> None:
         """`local_epochs` optimiser steps on the whole local graph; a client without labels only waits."""

@@ -9,16 +9,40 @@ from gfl_bench.runner import DataCache, run
 from gfl_bench.spec import make_spec
 
 
-@pytest.mark.parametrize("method", ["local", "fedavg", "fedper"])
+BATCHED_CASES = [
+    ("local", {}),
+    ("fedavg", {}),
+    ("fedper", {}),
+    ("fedprox", {"mu": "0.5"}),  # a proximal term large enough to move the numbers
+    ("gcfl", {}),
+    ("fedpub", {}),  # masked GCN, masks without weight decay off (the code's default)
+    ("fedpub", {"regularizer_grad": "true", "mask_weight_decay": "false", "l1": "0.01"}),  # the paper's penalty
+]
+
+
+@pytest.mark.parametrize(("method", "overrides"), BATCHED_CASES)
 @pytest.mark.parametrize("epochs", [1, 2])
-def test_batched_clients_give_the_per_client_numbers(tiny_federation, cpu, method, epochs):
-    spec = make_spec(method, "tiny", "metis", 5, 3, rounds=4, local_epochs=epochs)
+def test_batched_clients_give_the_per_client_numbers(tiny_federation, cpu, method, overrides, epochs):
+    spec = make_spec(method, "tiny", "metis", 5, 3, overrides, rounds=4, local_epochs=epochs)
     one_by_one = run(spec, tiny_federation, cpu)
     together = run(spec, tiny_federation, cpu, batched=True)
     assert (one_by_one["execution"], together["execution"]) == ("per-client", "batched")
     assert together["best_round"] == one_by_one["best_round"]
     for key in ("val", "test"):  # every client, every round
-        np.testing.assert_allclose(together["client_curves"][key], one_by_one["client_curves"][key], atol=1e-6)
+        np.testing.assert_allclose(together["client_curves"][key], one_by_one["client_curves"][key], atol=1e-5)
+    np.testing.assert_allclose(together["bytes_up"], one_by_one["bytes_up"])
+
+
+def test_batched_gcfl_plus_splits_as_the_per_client_path(tiny_federation, cpu):
+    """GCFL+ reads each client's last gradient: the batched path must leave it on the client's parameters."""
+    forced = {"variant": "gcfl+", "eps1": "100", "eps2": "0", "warmup_rounds": "2", "seq_length": "2"}
+    spec = make_spec("gcfl", "tiny", "metis", 5, 0, forced, rounds=6)
+    one_by_one = run(spec, tiny_federation, cpu)
+    together = run(spec, tiny_federation, cpu, batched=True)
+    assert together["execution"] == "batched"
+    assert max(one_by_one["diagnostics"]["clusters"]) > 1  # the split happened, so the grad norms were used
+    assert together["diagnostics"]["clusters"] == one_by_one["diagnostics"]["clusters"]
+    np.testing.assert_allclose(together["client_curves"]["val"], one_by_one["client_curves"]["val"], atol=1e-5)
 
 
 def test_batched_logits_match_after_three_rounds_on_cora(cpu):
@@ -38,5 +62,23 @@ def test_batched_logits_match_after_three_rounds_on_cora(cpu):
 def test_methods_that_cannot_batch_run_per_client(tiny_federation, cpu):
     spec = make_spec("fedavg", "tiny", "metis", 5, 0, {"backbone": "h2gcn-tanh"}, rounds=2)
     assert run(spec, tiny_federation, cpu, batched=True)["execution"] == "per-client"
-    prox = make_spec("fedprox", "tiny", "metis", 5, 0, rounds=2)
-    assert run(prox, tiny_federation, cpu, batched=True)["execution"] == "per-client"
+    gmc = make_spec("fedgmc", "tiny", "metis", 5, 0, rounds=2)  # extra losses on the embeddings
+    assert run(gmc, tiny_federation, cpu, batched=True)["execution"] == "per-client"
+
+
+def test_constant_sparse_product_and_gradient_equal_the_dense_ones():
+    import torch
+
+    from gfl_bench.graph_ops import ConstantSparse
+
+    generator = torch.Generator().manual_seed(0)
+    dense = torch.rand(7, 5, generator=generator) * (torch.rand(7, 5, generator=generator) < 0.4)
+    dense[3] = 0.0  # an empty row, and (likely) empty columns: empty bags must give zeros
+    weight = torch.randn(5, 3, generator=generator, requires_grad=True)
+    reference = torch.randn(5, 3, generator=generator)
+    reference.copy_(weight.detach()).requires_grad_(True)
+    upstream = torch.randn(7, 3, generator=generator)
+    (ConstantSparse(dense) @ weight).mul(upstream).sum().backward()
+    (dense @ reference).mul(upstream).sum().backward()
+    torch.testing.assert_close(ConstantSparse(dense) @ weight.detach(), dense @ weight.detach())
+    torch.testing.assert_close(weight.grad, reference.grad)
