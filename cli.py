@@ -140,7 +140,9 @@ def parse_ints(text: str, what: str) -> list[int]:
 
 
 WorkersOption = Annotated[
-    int, typer.Option(help="Runs in parallel, each a whole run in its own process (several may share a GPU).")
+    int,
+    typer.Option(help="Runs in parallel, each a whole run in its own process (several may share a GPU); 0: as many "
+                 "as the cores and the measured per-run memory allow (gfl_bench/sweep.py `packed_workers`)."),
 ]
 ThreadsOption = Annotated[
     int,
@@ -150,8 +152,8 @@ ThreadsOption = Annotated[
 RetryOption = Annotated[bool, typer.Option(help="Run again the cells stored as failed.")]
 BatchedOption = Annotated[
     bool,
-    typer.Option("--batched/--per-client", help="Train all clients of Local, FedAvg and FedPer (GCN) in one pass per "
-                 "epoch (same numbers up to float rounding on CPU; gfl_bench/batched.py)."),
+    typer.Option("--batched/--per-client", help="Train all clients of Local, FedAvg, FedPer, FedProx, GCFL, FED-PUB and "
+                 "FedTAD (GCN) in one pass per epoch (same numbers up to float rounding on CPU; gfl_bench/batched.py)."),
 ]
 SparseOption = Annotated[
     bool,
@@ -289,8 +291,27 @@ def sweep(
             f"(one worker; the `basis` column says where each estimate comes from: the store's times leave "
             f"evaluation out, bench/round_times.csv includes it)"
         )
+        if workers == 0 and todo:
+            from gfl_bench.runner import resolve_device
+
+            workers = _packed_workers(todo, str(resolve_device(env.device)))
+        if workers > 1:
+            console.print(f"with {workers} workers: about {known.sum() / 3600 / workers:.2f} h of wall time, "
+                          f"if runs sharing the device do not slow each other down")  # fmt: skip
         return
     _run_grid(specs, store, env, workers, False, retry_failed, executor, address, gpus_per_run)
+
+
+def _packed_workers(todo: list[RunSpec], device: str) -> int:
+    """`--workers 0`: the packing rule's worker count for these runs on this device, said in one line."""
+    from gfl_bench.sweep import free_memory_mb, load_round_times, packed_workers, run_memory_mb, usable_cores
+
+    run_mb, basis = run_memory_mb(todo, load_round_times(), device)
+    free, cores = free_memory_mb(device), usable_cores()
+    workers = packed_workers(run_mb, free, cores, len(todo), device.startswith("cuda"))
+    size = f"{run_mb:.0f} MB per run ({basis})" if run_mb == run_mb else f"per-run memory unknown ({basis})"
+    console.print(f"workers: {workers} (packing rule: {cores} cores, {free:.0f} MB free on {device}, {size})")
+    return workers
 
 
 def _planned_device(device: str) -> str | None:
@@ -335,15 +356,17 @@ def _run_grid(
     from gfl_bench.execute import execute, pending
     from gfl_bench.runner import DataCache, resolve_device
 
-    if env.threads < 0 or workers < 1:
-        raise UserError("--threads must be 0 or more and --workers at least 1")
+    if env.threads < 0 or workers < 0:
+        raise UserError("--threads must be 0 or more and --workers 0 (automatic) or more")
     if executor == "local":
-        resolve_device(env.device)
+        device = resolve_device(env.device)
         cache = DataCache(env.data_dir, env.data_dir / "partitions" if env.data_dir else None)
         for key in sorted({(s.dataset, s.scheme, s.clients, s.data_seed) for s in specs}):
             cache.federated(*key)  # a missing dataset or impossible partition fails before any run
     with RunStore(store) as runs:
         todo = pending(specs, runs, force, retry_failed, rerun)
+        if workers == 0 and executor == "local":
+            workers = _packed_workers(todo, str(device))
         stored = runs.statuses()
         again = sum(1 for s in todo if s.run_key in rerun and s.run_key in stored)
         console.print(

@@ -94,9 +94,14 @@ class BatchedGCNTraining:
         """[h, F] <-> [F, h] for the input-major parameters; the identity for the others."""
         return tensor.t() if flip else tensor
 
-    def client_parameters(self, m: int, stacks: dict[str, Tensor]) -> dict[str, Tensor]:
-        """Client m's parameters as slices of `stacks` (its `named_parameters()` layout, autograd intact)."""
-        return {name: self._as_stored(stack[m], name in _INPUT_MAJOR) for name, stack in stacks.items()}
+    def client_parameters(self, stacks: dict[str, Tensor]) -> list[dict[str, Tensor]]:
+        """Every client's parameters as slices of `stacks`, in its `named_parameters()` layout.
+
+        One `unbind` per stack, so the backward of all the slices is one `stack` of their gradients
+        (indexing client by client would allocate a zero gradient of the whole stack per client)."""
+        slices = {name: stack.unbind(0) for name, stack in stacks.items()}
+        return [{name: self._as_stored(parts[m], name in _INPUT_MAJOR) for name, parts in slices.items()}
+                for m in range(len(self.clients))]  # fmt: skip
 
     def _block_diagonal(self, blocks: list[Tensor], column_block: int | None = None) -> Tensor:
         """Sparse per-client matrices on one padded index space: client m's rows at offset m·N, its columns
@@ -161,8 +166,10 @@ class BatchedGCNTraining:
         logits = self.forward(training=True, masks=masks)
         chosen = logits.reshape(-1, logits.shape[-1])[self.train_rows]
         loss = (F.cross_entropy(chosen, self.train_labels, reduction="none") * self.train_weights).sum()
-        for m, client in enumerate(self.clients):
-            penalty = client.penalty(self.client_parameters(m, self.stacks))
+        if type(self.clients[0]).penalty is TrainingClient.penalty:
+            return loss  # no penalty term to add
+        for client, parameters in zip(self.clients, self.client_parameters(self.stacks)):
+            penalty = client.penalty(parameters)
             if penalty is not None:
                 loss = loss + penalty
         return loss
@@ -175,6 +182,6 @@ class BatchedGCNTraining:
             self.loss(masks[epoch] if masks else None).backward()
             self.optimizer.step()
         grads = {name: stack.grad for name, stack in self.stacks.items() if stack.grad is not None}
-        for m, client in enumerate(self.clients):  # each client's last gradient, as the per-client step leaves it
-            for name, grad in self.client_parameters(m, grads).items():
+        for client, client_grads in zip(self.clients, self.client_parameters(grads)):  # as the per-client step leaves them
+            for name, grad in client_grads.items():
                 client.model.get_parameter(name).grad = grad

@@ -221,8 +221,9 @@ class Method:
     Params: ClassVar[type[MethodParams]] = MethodParams
     client: ClassVar[type[Client]]
     server: ClassVar[type[Server]]
-    # True when the client's local step is exactly TrainingClient's cross-entropy step between its
-    # `receive` and `upload`, so `--batched` may train all clients at once (gfl_bench/batched.py).
+    # True when the client's local step is exactly TrainingClient's cross-entropy step (plus, at most,
+    # its `penalty` of the parameters) between its `receive` and `upload`, so `--batched` may train all
+    # clients at once (gfl_bench/batched.py).
     batchable: ClassVar[bool] = False
 
     @classmethod

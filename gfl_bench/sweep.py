@@ -144,3 +144,58 @@ def _measured_basis(table: pd.DataFrame, method: str, dataset: str, scheme: str,
     nearest = int(counts.iloc[(counts - clients).abs().argmin()])
     per_round = float(same.loc[counts == nearest, "seconds_per_round"].mean()) * clients / nearest
     return per_round, f"round_times.csv, scaled from {nearest} clients"
+
+
+CUDA_CONTEXT_MB = 600.0  # per process, outside torch's allocator; an assumption (typical), not measured here
+MEMORY_HEADROOM = 0.8  # share of the free memory the packed runs may plan to use
+
+
+def run_memory_mb(specs: Sequence[RunSpec], measured: pd.DataFrame, device: str) -> tuple[float, str]:
+    """The largest measured peak memory (MB) of one run among the planned cells, and where it comes from.
+
+    From `measured` (bench/round_times.csv's `peak_mb`) on the same device type: the planned
+    (method, dataset) pairs at any client count; a pair without a row takes the dataset's largest
+    measured run of any method. NaN when a planned dataset was never measured on this device type.
+    """
+    kind = device.split(":")[0]
+    rows = measured[measured["device"].astype(str).str.split(":").str[0] == kind] if len(measured) else measured
+    peaks: list[float] = []
+    for method, dataset in sorted({(s.method, s.dataset) for s in specs}):
+        same = rows[(rows["method"] == method) & (rows["dataset"] == dataset)] if len(rows) else rows
+        if not len(same):
+            same = rows[rows["dataset"] == dataset] if len(rows) else rows
+        if not len(same):
+            return math.nan, f"no {kind} measurement of {dataset} in round_times.csv"
+        peaks.append(float(same["peak_mb"].max()))
+    return (max(peaks), "round_times.csv peak_mb") if peaks else (math.nan, "nothing planned")
+
+
+def packed_workers(run_mb: float, free_mb: float, cores: int, runs: int, cuda: bool) -> int:
+    """How many runs to execute at once on one machine (`--workers 0`).
+
+    Each run is a process with one thread, so never more than the CPU cores (on a GPU each process
+    also needs a core to launch its kernels), nor more than there are runs. Memory: the runs must fit
+    in `MEMORY_HEADROOM` of the free memory (GPU memory on CUDA, where each process also holds a CUDA
+    context; RAM on a CPU). An unmeasured run size (NaN) packs one run per core on a CPU, where a
+    run's memory is small against RAM, and one run on a GPU.
+    """
+    by_cores = max(1, min(cores, runs))
+    if math.isnan(run_mb):
+        return 1 if cuda else by_cores
+    per_run = run_mb + (CUDA_CONTEXT_MB if cuda else 0.0)
+    by_memory = max(1, int(free_mb * MEMORY_HEADROOM // per_run))
+    return min(by_cores, by_memory)
+
+
+def free_memory_mb(device: str) -> float:
+    """Free memory of the device a sweep runs on: the GPU's (torch) or the machine's available RAM."""
+    if device.startswith("cuda"):
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return free / 2**20
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") / 2**20
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -127,3 +127,42 @@ def test_dry_run_says_which_basis(store, tmp_path, monkeypatch):
     assert plan.exit_code == 0, plan.output
     assert "basis" in plan.stdout and "round_times.csv" in plan.stdout and "none" in plan.stdout
     assert "?" in plan.stdout  # fedprox has no basis
+
+
+def test_packing_rule_is_bounded_by_cores_runs_and_memory():
+    from gfl_bench.sweep import CUDA_CONTEXT_MB, MEMORY_HEADROOM, packed_workers
+
+    per_gpu_run = 1400.0
+    free = 10 * (per_gpu_run + CUDA_CONTEXT_MB) / MEMORY_HEADROOM  # room for exactly ten runs
+    assert packed_workers(per_gpu_run, free, cores=16, runs=100, cuda=True) == 10  # memory binds
+    assert packed_workers(per_gpu_run, free, cores=4, runs=100, cuda=True) == 4  # cores bind
+    assert packed_workers(per_gpu_run, free, cores=16, runs=3, cuda=True) == 3  # runs bind
+    assert packed_workers(per_gpu_run, free * 100, cores=16, runs=100, cuda=False) == 16
+    assert packed_workers(5000.0, 1000.0, cores=16, runs=100, cuda=False) == 1  # never below one
+    assert packed_workers(math.nan, free, cores=16, runs=100, cuda=True) == 1  # unmeasured: one run on a GPU
+    assert packed_workers(math.nan, free, cores=16, runs=100, cuda=False) == 16
+
+
+def test_per_run_memory_comes_from_the_same_device_type(tmp_path):
+    from gfl_bench.sweep import run_memory_mb
+
+    measured = tmp_path / "round_times.csv"
+    measured.write_text(MEASURED)
+    table = load_round_times(measured)
+    tiny = [make_spec("fedavg", "tiny", "metis", 5, 0, rounds=4)]
+    assert run_memory_mb(tiny, table, "cpu")[0] == 300 and run_memory_mb(tiny, table, "cuda:0")[0] == 50
+    other_method = [make_spec("fedprox", "cora", "metis", 10, 0, rounds=4)]
+    assert run_memory_mb(other_method, table, "cpu")[0] == 400  # the dataset's largest measured run
+    assert math.isnan(run_memory_mb(other_method, table, "cuda")[0])  # cora never measured on a GPU
+
+
+def test_workers_zero_packs_automatically(store, tmp_path, monkeypatch):
+    measured = tmp_path / "round_times.csv"
+    measured.write_text(MEASURED)
+    monkeypatch.setenv("GFLBENCH_ROUND_TIMES", str(measured))
+    result = CliRunner().invoke(app, ["sweep", "-m", "fedavg", *TINY, "--store", str(store), "--workers", "0",
+                                      "--device", "cpu"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "packing rule" in result.output and "300 MB per run" in result.output
+    with RunStore(store) as runs:
+        assert len(runs) == 2
