@@ -5,13 +5,13 @@
 #   DEVICE=cpu bash bench/gpu_check.sh      # smoke mode: tiny sizes, checks that every step still runs
 #
 # Steps (each under its own time limit, 450 s in all, so one slow step cannot eat the others' budget):
-#   1. tests: pytest on the device-touching test files with GFLBENCH_TEST_DEVICE set. The tests'
-#      device fixture (tests/conftest.py `cpu`) does not read that variable yet, so today these tests
-#      still run on the CPU; step 2 is the real CUDA check until the fixture honours the variable.
+#   1. tests: pytest on the device-agnostic test files with GFLBENCH_TEST_DEVICE set, which their
+#      `device` fixture (tests/conftest.py) reads: runs, determinism per seed, backbones, methods.
 #   2. parity: the same FedAvg and FedGMC runs on CPU and on the device must give the same test
 #      values up to float rounding (|Δ| < 0.5 points after 5 rounds on Cora).
 #   3. round-time table on the device (bench/round_time.py), merged into a CSV that can be copied
 #      to bench/round_times.csv for `gflbench sweep --dry-run`.
+#   3b. batched clients against the per-client path at 5 and 50 clients (bench/batched.py).
 #   4. sweep throughput: local, fedavg and fedgmc on Cora, 17 seeds (51 runs), 4 workers, into a
 #      temporary store; runs per minute.
 # Figures go to $RESULTS (default $OUT/gpu_check.txt): one "name: value" line per figure, then the
@@ -32,7 +32,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 if [[ $DEVICE == cuda* ]]; then
     DATASET=cora; CLIENTS=10; ROUNDS=20; SEEDS=17; WORKERS=4; PARITY_ROUNDS=5; SWEEP_ROUNDS=""
-    TESTS="tests/test_runner.py tests/test_batched.py tests/test_backbones.py tests/test_methods.py"
+    TESTS="tests/test_runner.py tests/test_backbones.py tests/test_methods.py"
     METHODS=""  # the round-time table: every registered method
 else  # smoke mode: every step at a size a busy CPU finishes in a minute or two
     DATASET=tiny; CLIENTS=5; ROUNDS=3; SEEDS=2; WORKERS=2; PARITY_ROUNDS=2; SWEEP_ROUNDS="--rounds 3"
@@ -94,6 +94,12 @@ fi
 step round_time 120 python bench/round_time.py --dataset "$DATASET" --clients "$CLIENTS" --rounds "$ROUNDS" \
     --device "$DEVICE" ${METHODS:+--methods $METHODS} --out "$OUT_DIR/round_times_$DEVICE.csv"
 
+# 3b. batched clients against per-client on the device, 5 and 50 clients (the growth the speed goal bounds)
+for count in 5 50; do
+    step "batched_$count" 60 python bench/batched.py --dataset "$DATASET" --clients "$count" --rounds 6 --repeats 2 \
+        --methods fedavg,fedprox,gcfl,fedpub --device "$DEVICE"
+done
+
 # 4. sweep throughput
 sweep_start=$(date +%s.%N)
 # shellcheck disable=SC2086
@@ -111,6 +117,9 @@ note "sweep.runs_per_minute" "$(python -c "print(f'{$runs / (($sweep_end - $swee
     echo
     echo "## round-time table ($DEVICE, $DATASET, $CLIENTS clients, $ROUNDS rounds)"
     cat "$WORK/round_time.log"
+    echo
+    echo "## batched clients against per-client ($DEVICE, $DATASET, 5 and 50 clients)"
+    cat "$WORK/batched_5.log" "$WORK/batched_50.log"
     echo
     echo "## logs of failed steps"
     for log in "$WORK"/*.log; do

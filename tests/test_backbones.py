@@ -72,7 +72,7 @@ def test_gcn_matches_pyg_message_passing():
     torch.testing.assert_close(model.conv1(graph.x, graph.gcn_adj), reference(graph.x, graph.edge_index))
 
 
-def test_prepared_graphs_are_cached_per_backbone_option(tiny_federation, cpu, monkeypatch):
+def test_prepared_graphs_are_cached_per_backbone_option(tiny_federation, device, monkeypatch):
     """A backbone that reads a Params field in `prepare` gets one prepared copy per value of it."""
     import dataclasses
 
@@ -90,23 +90,23 @@ def test_prepared_graphs_are_cached_per_backbone_option(tiny_federation, cpu, mo
     monkeypatch.setitem(backbones.BACKBONES, "scaled-test", Scaled)
     narrow = dataclasses.replace(MethodParams(), backbone="scaled-test", hidden=8)
     wide = dataclasses.replace(narrow, hidden=32)
-    assert tiny_federation.on_device(narrow, cpu)[0].scale == 8.0
-    assert tiny_federation.on_device(wide, cpu)[0].scale == 32.0  # not the copy prepared for hidden=8
-    assert tiny_federation.on_device(narrow, cpu)[0].scale == 8.0
+    assert tiny_federation.on_device(narrow, device)[0].scale == 8.0
+    assert tiny_federation.on_device(wide, device)[0].scale == 32.0  # not the copy prepared for hidden=8
+    assert tiny_federation.on_device(narrow, device)[0].scale == 8.0
     model = backbones.build_backbone(wide, tiny_federation.num_features, tiny_federation.num_classes)
     assert isinstance(model, Scaled) and model.conv1.out_channels == 32
 
 
 @pytest.mark.parametrize("name", ["gcn", "h2gcn-tanh"])
-def test_sparse_first_layer_gives_the_dense_logits_and_gradients(tiny_federation, cpu, name):
+def test_sparse_first_layer_gives_the_dense_logits_and_gradients(tiny_federation, device, name):
     import dataclasses
 
     from gfl_bench.backbones import build_backbone
     from gfl_bench.method import MethodParams
 
     params = dataclasses.replace(MethodParams(), backbone=name, hidden=16)
-    dense_graph = tiny_federation.on_device(params, cpu)[0]
-    sparse_graph = tiny_federation.on_device(params, cpu)[0]
+    dense_graph = tiny_federation.on_device(params, device)[0]
+    sparse_graph = tiny_federation.on_device(params, device)[0]
     sparse_graph.x_sparse = sparse_graph.x.to_sparse_csr()
     torch.manual_seed(0)
     model = build_backbone(params, tiny_federation.num_features, tiny_federation.num_classes).eval()
@@ -122,12 +122,12 @@ def test_sparse_first_layer_gives_the_dense_logits_and_gradients(tiny_federation
     assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(*grads))
 
 
-def test_a_run_with_sparse_features_records_it_and_matches_the_dense_run(tiny_federation, cpu):
+def test_a_run_with_sparse_features_records_it_and_matches_the_dense_run(tiny_federation, device):
     from gfl_bench.runner import run
     from gfl_bench.spec import make_spec
 
     spec = make_spec("fedavg", "tiny", "metis", 5, 0, rounds=3)
-    dense = run(spec, tiny_federation, cpu)
-    sparse = run(spec, tiny_federation, cpu, sparse_features=True)
+    dense = run(spec, tiny_federation, device)
+    sparse = run(spec, tiny_federation, device, sparse_features=True)
     assert (dense["features"], sparse["features"]) == ("dense", "sparse")
     assert sparse["curves"]["val"] == pytest.approx(dense["curves"]["val"], abs=1e-6)

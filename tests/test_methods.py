@@ -13,23 +13,23 @@ from gfl_bench.spec import make_spec
 from parties import build_parties
 
 
-def _run(method, federation, cpu, seed=0, rounds=6, local_epochs=None, **overrides):
+def _run(method, federation, device, seed=0, rounds=6, local_epochs=None, **overrides):
     overrides = {k: str(v) for k, v in overrides.items()}
     spec = make_spec(method, "tiny", "metis", 5, seed, overrides, rounds=rounds, local_epochs=local_epochs)
-    return run(spec, federation, cpu)
+    return run(spec, federation, device)
 
 
-def test_fedprox_with_zero_mu_is_fedavg(tiny_federation, cpu):
-    fedavg = _run("fedavg", tiny_federation, cpu, local_epochs=3, backbone="gcn")
-    fedprox = _run("fedprox", tiny_federation, cpu, local_epochs=3, mu=0.0)
+def test_fedprox_with_zero_mu_is_fedavg(tiny_federation, device):
+    fedavg = _run("fedavg", tiny_federation, device, local_epochs=3, backbone="gcn")
+    fedprox = _run("fedprox", tiny_federation, device, local_epochs=3, mu=0.0)
     assert fedavg["curves"] == fedprox["curves"]
     # the proximal term has zero gradient at the received weights, so it only acts from the 2nd local step
-    different = _run("fedprox", tiny_federation, cpu, local_epochs=3, mu=10.0)
+    different = _run("fedprox", tiny_federation, device, local_epochs=3, mu=10.0)
     assert different["curves"] != fedprox["curves"]
 
 
-def test_fedper_never_shares_its_head(tiny_federation, cpu):
-    server, clients = build_parties(FedPer, resolve_params(FedPer, {}), tiny_federation, 3, cpu)
+def test_fedper_never_shares_its_head(tiny_federation, device):
+    server, clients = build_parties(FedPer, resolve_params(FedPer, {}), tiny_federation, 3, device)
     for index in range(3):
         rnd = Round(index)
         downloads = server.configure(rnd, list(range(len(clients))))
@@ -45,22 +45,22 @@ def test_fedper_never_shares_its_head(tiny_federation, cpu):
     assert not torch.allclose(heads[0], heads[1])  # personalised heads drift apart
 
 
-def test_fedavg_clients_start_each_round_from_the_global_model(tiny_federation, cpu):
-    record = _run("fedavg", tiny_federation, cpu, rounds=3)
+def test_fedavg_clients_start_each_round_from_the_global_model(tiny_federation, device):
+    record = _run("fedavg", tiny_federation, device, rounds=3)
     weights_bytes = record["bytes_down"][0] // 5
     assert record["bytes_up"][0] > 5 * weights_bytes  # weights up plus the training-node counts
     assert all(b == record["bytes_down"][0] for b in record["bytes_down"])
 
 
-def test_local_sends_nothing(tiny_federation, cpu):
-    record = _run("local", tiny_federation, cpu, rounds=3)
+def test_local_sends_nothing(tiny_federation, device):
+    record = _run("local", tiny_federation, device, rounds=3)
     assert record["bytes_up"] == [0, 0, 0] and record["bytes_down"] == [0, 0, 0]
 
 
-def test_runs_are_deterministic_per_seed(tiny_federation, cpu):
-    a = _run("fedavg", tiny_federation, cpu, seed=3)
-    b = _run("fedavg", tiny_federation, cpu, seed=3)
-    c = _run("fedavg", tiny_federation, cpu, seed=4)
+def test_runs_are_deterministic_per_seed(tiny_federation, device):
+    a = _run("fedavg", tiny_federation, device, seed=3)
+    b = _run("fedavg", tiny_federation, device, seed=3)
+    c = _run("fedavg", tiny_federation, device, seed=4)
     assert a["curves"] == b["curves"]
     assert a["curves"] != c["curves"]
 
@@ -72,10 +72,10 @@ def test_default_backbones_follow_the_papers_numbers():
         assert resolve_params(method_class(name), {}).backbone == "gcn"
 
 
-def test_fedavg_with_one_client_is_local(cpu):
+def test_fedavg_with_one_client_is_local(device):
     from gfl_bench.runner import DataCache
 
     single = DataCache(None, None).federated("tiny", "metis", 1, 1234)
-    local = run(make_spec("local", "tiny", "metis", 1, 0, rounds=6), single, cpu)
-    fedavg = run(make_spec("fedavg", "tiny", "metis", 1, 0, rounds=6), single, cpu)
+    local = run(make_spec("local", "tiny", "metis", 1, 0, rounds=6), single, device)
+    fedavg = run(make_spec("fedavg", "tiny", "metis", 1, 0, rounds=6), single, device)
     assert local["curves"] == fedavg["curves"]  # loading back one's own average changes nothing

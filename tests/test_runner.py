@@ -31,9 +31,9 @@ def test_per_client_rule_takes_each_clients_own_best_validation_round():
     assert math.isnan(per_client_best([[nan]], [[0.3]])[1])
 
 
-def test_record_reports_test_at_best_validation_round(tiny_federation, cpu):
+def test_record_reports_test_at_best_validation_round(tiny_federation, device):
     spec = make_spec("fedavg", "tiny", "metis", 5, 0, rounds=8)
-    record = run(spec, tiny_federation, cpu)
+    record = run(spec, tiny_federation, device)
     best = record["best_round"]
     assert record["val"] == max(record["curves"]["val"])
     assert record["test"] == record["curves"]["test"][best]
