@@ -173,8 +173,10 @@ class RunStore:
         return [json.loads(r[0]) for r in rows]
 
     def frame(self) -> pd.DataFrame:
-        """The summary columns of every stored run, one row each."""
-        return pd.read_sql_query(f"SELECT {', '.join(_COLUMNS)} FROM runs", self._db)
+        """The summary columns of every stored run, one row each, plus each record's peak memory (NaN
+        where a record has none) read from the record itself, so that no stored row changes."""
+        peak = "json_extract(record, '$.peak_memory_bytes') AS peak_memory_bytes"
+        return pd.read_sql_query(f"SELECT {', '.join(_COLUMNS)}, {peak} FROM runs", self._db)
 
 
 def _checksum(values: list) -> int:

@@ -56,7 +56,8 @@ CAPTIONS = {
     4: "Table 4: Accuracy (%) on six homophilic graphs, overlapping partitioning.",
     5: f"Table 5: Five heterophilic graphs, overlapping partitioning. {_HETERO_METRICS}",
     6: "Table 6: Ablations of FedGMC under non-overlapping and overlapping partitioning (↓: drop against FedGMC, ↑: gain).",
-    7: "Table 7: Seconds per communication round (configure + local training + aggregation, evaluation excluded).",
+    7: "Table 7: Seconds per communication round (configure + local training + aggregation, evaluation excluded), "
+       "and the runs' mean peak memory in MB (CUDA: torch's peak allocation; CPU: the worker process's peak RSS).",
 }
 RESULT_TABLES = {1: (HOMOPHILIC, "metis"), 2: (HETEROPHILIC, "metis"), 4: (HOMOPHILIC, "overlap"), 5: (HETEROPHILIC, "overlap")}
 ALL_TABLES = (1, 2, 3, 4, 5, 6, 7)
@@ -127,7 +128,7 @@ class Selection:
         failed = int((chosen["status"] == "failed").sum())
         if ok.empty and not failed:
             return None
-        scale = 1.0 if column == "seconds_per_round" else 100.0
+        scale = {"seconds_per_round": 1.0, "peak_memory_bytes": 1.0 / 2**20}.get(column, 100.0)  # s, MB, percent
         if ok.empty:
             return Cell(math.nan, math.nan, 0, failed)
         return Cell(float(ok.mean()) * scale, float(ok.std(ddof=0)) * scale, len(ok), failed)
@@ -251,8 +252,9 @@ def time_table(sel: Selection, methods: Sequence[str], titles: Mapping[str, str]
         text, values = {}, {}
         for m in methods:
             cells = [sel.cell(m, d, s, c, column="seconds_per_round") for s, c in SETTINGS]
+            memory = [sel.cell(m, d, s, c, column="peak_memory_bytes") for s, c in SETTINGS]
             label = sel.row_label(m, titles[m], [(d, s, c) for (s, c), cell in zip(SETTINGS, cells) if cell])
-            text[label] = [sel.format(cell, decimals=3, with_std=False) for cell in cells]
+            text[label] = [_with_memory(sel.format(cell, decimals=3, with_std=False), peak) for cell, peak in zip(cells, memory)]
             values[label] = [cell.mean if cell and cell.n else math.nan for cell in cells]
         numbers = _frame(values, columns)
         average = numbers.mean(axis=0, skipna=True)
@@ -260,6 +262,13 @@ def time_table(sel: Selection, methods: Sequence[str], titles: Mapping[str, str]
         numbers.loc["Average"] = average
         blocks.append(Block(_frame(text, columns), numbers, higher_is_better=False))
     return blocks
+
+
+def _with_memory(seconds: str, peak: Cell | None) -> str:
+    """A Table 7 cell: seconds, then the peak memory where the runs recorded it."""
+    if not seconds or peak is None or not peak.n:
+        return seconds
+    return f"{seconds} · {peak.mean:.0f} MB"
 
 
 def dataset_table(data_dir: Path) -> list[Block]:
