@@ -152,8 +152,8 @@ ThreadsOption = Annotated[
 RetryOption = Annotated[bool, typer.Option(help="Run again the cells stored as failed.")]
 BatchedOption = Annotated[
     bool,
-    typer.Option("--batched/--per-client", help="Train all clients of Local, FedAvg, FedPer, FedProx, GCFL, FED-PUB and "
-                 "FedTAD (GCN) in one pass per epoch (same numbers up to float rounding on CPU; gfl_bench/batched.py)."),
+    typer.Option("--batched/--per-client", help="Train all clients of Local, FedAvg, FedPer, FedProx, GCFL, FED-PUB, FedTAD and "
+                 "FedGMC (GCN, H2GCN) in one pass per epoch (same numbers up to float rounding on CPU; gfl_bench/batched.py)."),
 ]
 SparseOption = Annotated[
     bool,

@@ -1,4 +1,4 @@
-"""Batched local training: every client's 2-layer GCN trained in one pass per local epoch.
+"""Batched local training: every client's GCN or H2GCN trained in one pass per local epoch.
 
 Per round, a FedAvg-style client loads what it received, trains `local_epochs` full-batch steps on
 its own graph, and uploads. The per-client path runs those steps client after client: one small
@@ -19,11 +19,16 @@ most, a `TrainingClient.penalty` of the client's own parameters):
   clients at once.
 - FED-PUB's masked GCN (`baselines/fedpub.py:MaskedGCN`) is the same network with each weight used
   as W ⊙ M; its masks are stacked like the weights, and pruned in evaluation as the model prunes them.
+- H2GCN (FedGMC's backbone, and any method's under `backbone=h2gcn*`): the ego layer is the same
+  sparse product, the 1-hop and 2-hop operators are block-diagonal, and the classifier one `bmm`.
+  Its clients' objective may read the representations (FedGMC's calibration losses), so each
+  client's `TrainingClient.objective` is called on its own slice of the batch's representations
+  and logits; only the network's arithmetic is batched.
 - One Adam over the stacks, with the first client's parameter groups (FED-PUB: masks without weight
   decay). Adam is elementwise, so it is each client's own Adam; the fused kernel is used, which
   computes the same update with different float rounding.
-- The loss is Σ_m (mean CE over client m's training nodes + client m's penalty of its own slices),
-  so each client's gradient is its own. After the last step each client's parameters carry their
+- The loss is Σ_m (client m's objective on its own slice), so each client's gradient is its own:
+  for the GCN, mean CE over client m's training nodes + client m's penalty of its own parameters. After the last step each client's parameters carry their
   slice of the gradient, as after the per-client step (GCFL+ reads it).
 - Dropout masks are drawn client by client and epoch by epoch, in the order the per-client path
   draws them, so on a CPU both paths give the same numbers up to float summation order
@@ -31,36 +36,35 @@ most, a `TrainingClient.penalty` of the client's own parameters):
   distribution, not number by number.
 
 Shapes: M clients, N = N_max padded nodes, F features, h hidden, C classes.
+A method opts in with `Method.batchable`; `batched_training` picks the class for its backbone.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from gfl_bench.backbones import EGO_ACTIVATIONS, H2GCNRepresentations
 from gfl_bench.graph_ops import ConstantSparse
 from gfl_bench.training import TrainingClient
 
-BATCHABLE_BACKBONES = ("gcn", "masked_gcn")
-_INPUT_MAJOR = ("conv1.lin.weight", "conv1.mask")  # stacked [M, F, h]; every other parameter as the model holds it
 
+class BatchedTraining:
+    """Stacks the models of `clients` (their parameters become views into the stacks) and trains them
+    together; a subclass gives the network's batched forward and the loss."""
 
-def can_batch(clients: list[TrainingClient], backbone: str) -> bool:
-    """The batched path reproduces the per-client one for GCN clients that all have training nodes
-    (a client without labels does not step in the per-client path, and Adam would move it here)."""
-    return backbone in BATCHABLE_BACKBONES and len(clients) > 1 and all(c.num_train > 0 for c in clients)
-
-
-class BatchedGCNTraining:
-    """Trains the (masked) GCNs of `clients` together; their models become views into shared stacks."""
+    input_major: ClassVar[tuple[str, ...]] = ()  # first-layer weights, stacked [M, F, h]
+    operators: ClassVar[tuple[str, ...]] = ()  # the graph attributes packed block-diagonally
+    dropout_widths: ClassVar[tuple[str, ...]] = ()  # per dropout call of a forward: the stack whose rows give its width
 
     def __init__(self, clients: list[TrainingClient]) -> None:
         self.clients = clients
         first = clients[0]
         self.local_epochs = first.setup.local_epochs
         self.dropout = first.params.dropout
-        self.prune_below: float | None = getattr(first.model, "prune_below", None) if hasattr(first.model.conv1, "mask") else None
         device = first.train_index.device
         names = {id(p): name for name, p in first.model.named_parameters()}
         groups = [({**g, "params": [names[id(p)] for p in g["params"]]}) for g in first.optimizer.param_groups]
@@ -70,10 +74,10 @@ class BatchedGCNTraining:
         sizes = [c.graph.num_nodes for c in clients]
         self.sizes, self.padded = sizes, max(sizes)
         self.num_features = first.graph.num_features
-        # Features block-diagonally too, [M·N, M·F]: the first layer is one SpMM with the stacked weights
-        # [M·F, h]; Planetoid and Amazon features are over 98 % zeros, so only their non-zeros are multiplied.
+        # Features block-diagonally too, [M·N, M·F]: the first layer is one sparse product with the stacked
+        # weights [M·F, h]; Planetoid and Amazon features are over 98 % zeros, so only their non-zeros are multiplied.
         self.features = ConstantSparse(self._block_diagonal([c.graph.x.to_sparse() for c in clients], column_block=self.num_features))
-        self.adjacency = self._block_diagonal([c.graph.gcn_adj for c in clients])  # [M·N, M·N]
+        self.adjacency = {name: self._block_diagonal([c.graph[name] for c in clients]) for name in self.operators}  # [M·N, M·N]
         self.train_rows = torch.cat([m * self.padded + c.train_index for m, c in enumerate(clients)])
         self.train_labels = torch.cat([c.graph.y[c.train_index] for c in clients])
         self.train_weights = torch.cat(
@@ -82,7 +86,7 @@ class BatchedGCNTraining:
 
     def _stack_and_rebind(self, name: str) -> nn.Parameter:
         """Stack parameter `name` of every client, then make each client's parameter a view of its slice."""
-        flip = name in _INPUT_MAJOR
+        flip = name in self.input_major
         stack = nn.Parameter(torch.stack([self._as_stored(c.model.get_parameter(name).detach(), flip) for c in self.clients]))
         module_name, _, attribute = name.rpartition(".")
         for m, client in enumerate(self.clients):
@@ -100,7 +104,7 @@ class BatchedGCNTraining:
         One `unbind` per stack, so the backward of all the slices is one `stack` of their gradients
         (indexing client by client would allocate a zero gradient of the whole stack per client)."""
         slices = {name: stack.unbind(0) for name, stack in stacks.items()}
-        return [{name: self._as_stored(parts[m], name in _INPUT_MAJOR) for name, parts in slices.items()}
+        return [{name: self._as_stored(parts[m], name in self.input_major) for name, parts in slices.items()}
                 for m in range(len(self.clients))]  # fmt: skip
 
     def _block_diagonal(self, blocks: list[Tensor], column_block: int | None = None) -> Tensor:
@@ -117,62 +121,39 @@ class BatchedGCNTraining:
         indices = torch.stack([torch.cat(rows), torch.cat(cols)])
         return torch.sparse_coo_tensor(indices, torch.cat(values), shape).coalesce().to_sparse_csr()
 
-    def _weight(self, layer: str, training: bool) -> Tensor:
-        """The stacked weight of `layer` as the forward uses it: W, or W ⊙ M for the masked GCN (pruned in eval)."""
-        weight = self.stacks[f"{layer}.weight" if layer == "classifier" else f"{layer}.lin.weight"]
-        if self.prune_below is None:
-            return weight
-        mask = self.stacks[f"{layer}.mask"]
-        if not training:
-            mask = mask.masked_fill(mask.abs() < self.prune_below, 0.0)
-        return weight * mask
+    def _first_layer(self, weight: Tensor) -> Tensor:
+        """X_m W_m for every client m, W stacked input-major [M, F, h]: [M, N, h], no copy of W."""
+        return (self.features @ weight.reshape(len(self.clients) * self.num_features, -1)).view(len(self.clients), self.padded, -1)
 
-    def _propagate(self, projected: Tensor, bias: str) -> Tensor:
-        """Â (projected) + b for every client, Â block-diagonal: [M, N, h] -> [M, N, h]."""
-        spread = (self.adjacency @ projected.reshape(-1, projected.shape[-1])).view_as(projected)
-        return spread + self.stacks[bias][:, None, :]
+    def _spread(self, operator: str, h: Tensor) -> Tensor:
+        """The block-diagonal `operator` applied to every client's rows: [M, N, w] -> [M, N, w]."""
+        return (self.adjacency[operator] @ h.reshape(-1, h.shape[-1])).view_as(h)
 
     def _dropout_masks(self) -> list[list[Tensor]]:
-        """Per epoch, the two dropout masks of every client, drawn in the per-client path's order."""
-        hidden, keep = self.stacks["conv1.bias"].shape[1], 1.0 - self.dropout
-        device = self.adjacency.device
-        masks = [[torch.zeros(len(self.clients), self.padded, hidden, device=device) for _ in range(2)]
-                 for _ in range(self.local_epochs)]  # fmt: skip
+        """Per epoch, every dropout mask of every client, drawn in the per-client path's order."""
+        keep = 1.0 - self.dropout
+        device = self.train_rows.device
+        widths = [self.stacks[name].shape[-1] for name in self.dropout_widths]
+        masks = [[torch.zeros(len(self.clients), self.padded, w, device=device) for w in widths] for _ in range(self.local_epochs)]
         for m, size in enumerate(self.sizes):  # client-major, as the per-client path trains client after client
             for epoch in range(self.local_epochs):
-                for layer in range(2):
-                    noise = torch.empty(size, hidden, device=device).bernoulli_(keep).div_(keep)  # F.dropout's draw
+                for layer, width in enumerate(widths):
+                    noise = torch.empty(size, width, device=device).bernoulli_(keep).div_(keep)  # F.dropout's draw
                     masks[epoch][layer][m, :size] = noise
         return masks
 
     def forward(self, training: bool, masks: list[Tensor] | None = None) -> Tensor:
-        """Every client's logits, [M, N, C]; `masks` are one epoch's two dropout masks (None: no dropout)."""
-        first = self._weight("conv1", training).reshape(len(self.clients) * self.num_features, -1)  # [M·F, h], no copy
-        projected = (self.features @ first).view(len(self.clients), self.padded, -1)  # X_m W_m for every m: [M, N, h]
-        h = F.relu(self._propagate(projected, "conv1.bias"))
-        h = h * masks[0] if masks else h
-        h = F.relu(self._propagate(torch.bmm(h, self._weight("conv2", training).transpose(1, 2)), "conv2.bias"))
-        h = h * masks[1] if masks else h
-        return torch.bmm(h, self._weight("classifier", training).transpose(1, 2)) + self.stacks["classifier.bias"][:, None, :]
+        """Every client's logits, [M, N, C]; `masks` are one epoch's dropout masks (None: no dropout)."""
+        raise NotImplementedError
+
+    def loss(self, masks: list[Tensor] | None) -> Tensor:
+        raise NotImplementedError
 
     @torch.no_grad()
     def predict(self) -> list[Tensor]:
         """Each client's logits from its current model, as `Client.predict` gives them, in one pass."""
         logits = self.forward(training=False)
         return [logits[m, :size] for m, size in enumerate(self.sizes)]
-
-    def loss(self, masks: list[Tensor] | None) -> Tensor:
-        """Σ_m (mean CE over client m's training nodes + client m's penalty on its own parameters)."""
-        logits = self.forward(training=True, masks=masks)
-        chosen = logits.reshape(-1, logits.shape[-1])[self.train_rows]
-        loss = (F.cross_entropy(chosen, self.train_labels, reduction="none") * self.train_weights).sum()
-        if type(self.clients[0]).penalty is TrainingClient.penalty:
-            return loss  # no penalty term to add
-        for client, parameters in zip(self.clients, self.client_parameters(self.stacks)):
-            penalty = client.penalty(parameters)
-            if penalty is not None:
-                loss = loss + penalty
-        return loss
 
     def train_round(self) -> None:
         """Every client's `local_epochs` optimiser steps, one batched step per epoch."""
@@ -185,3 +166,102 @@ class BatchedGCNTraining:
         for client, client_grads in zip(self.clients, self.client_parameters(grads)):  # as the per-client step leaves them
             for name, grad in client_grads.items():
                 client.model.get_parameter(name).grad = grad
+
+
+class BatchedGCNTraining(BatchedTraining):
+    """The (masked) GCN: Â relu(Â X W1 + b1) W2 + b2 -> relu -> classifier, for every client at once."""
+
+    input_major = ("conv1.lin.weight", "conv1.mask")
+    operators = ("gcn_adj",)
+    dropout_widths = ("conv1.bias", "conv2.bias")  # after each convolution, h wide
+
+    def __init__(self, clients: list[TrainingClient]) -> None:
+        model = clients[0].model
+        self.prune_below: float | None = getattr(model, "prune_below", None) if hasattr(model.conv1, "mask") else None
+        super().__init__(clients)
+
+    def _weight(self, layer: str, training: bool) -> Tensor:
+        """The stacked weight of `layer` as the forward uses it: W, or W ⊙ M for the masked GCN (pruned in eval)."""
+        weight = self.stacks[f"{layer}.weight" if layer == "classifier" else f"{layer}.lin.weight"]
+        if self.prune_below is None:
+            return weight
+        mask = self.stacks[f"{layer}.mask"]
+        if not training:
+            mask = mask.masked_fill(mask.abs() < self.prune_below, 0.0)
+        return weight * mask
+
+    def forward(self, training: bool, masks: list[Tensor] | None = None) -> Tensor:
+        h = F.relu(self._spread("gcn_adj", self._first_layer(self._weight("conv1", training))) + self.stacks["conv1.bias"][:, None, :])
+        h = h * masks[0] if masks else h
+        projected = torch.bmm(h, self._weight("conv2", training).transpose(1, 2))
+        h = F.relu(self._spread("gcn_adj", projected) + self.stacks["conv2.bias"][:, None, :])
+        h = h * masks[1] if masks else h
+        return torch.bmm(h, self._weight("classifier", training).transpose(1, 2)) + self.stacks["classifier.bias"][:, None, :]
+
+    def loss(self, masks: list[Tensor] | None) -> Tensor:
+        """Σ_m (mean CE over client m's training nodes + client m's penalty on its own parameters)."""
+        logits = self.forward(training=True, masks=masks)
+        chosen = logits.reshape(-1, logits.shape[-1])[self.train_rows]
+        loss = (F.cross_entropy(chosen, self.train_labels, reduction="none") * self.train_weights).sum()
+        if type(self.clients[0]).penalty is TrainingClient.penalty:
+            return loss  # no penalty term to add
+        for client, parameters in zip(self.clients, self.client_parameters(self.stacks)):
+            loss = client.with_penalty(loss, parameters)
+        return loss
+
+
+class BatchedH2GCNTraining(BatchedTraining):
+    """H2GCN (K = 2): r0 = σ(X W_ego), r1 = [A1 r0 || A2 r0], r2 = [A1 r1 || A2 r1], classifier on the
+    dropped-out [r0 || r1 || r2], for every client at once; each client's objective reads its slice."""
+
+    input_major = ("ego.weight",)
+    operators = ("hop1_adj", "hop2_adj")
+    dropout_widths = ("classifier.weight",)  # one dropout on the 7h-wide input of the classifier
+
+    def __init__(self, clients: list[TrainingClient]) -> None:
+        self.activation = EGO_ACTIVATIONS[clients[0].model.activation]
+        super().__init__(clients)
+
+    def representations(self) -> H2GCNRepresentations:
+        """Every client's representations, each [M, N, ·]."""
+        ego = self.activation(self._first_layer(self.stacks["ego.weight"]))  # [M, N, h]
+        hop1, hop2 = self._spread("hop1_adj", ego), self._spread("hop2_adj", ego)
+        r1 = torch.cat([hop1, hop2], dim=-1)  # [M, N, 2h]
+        r2 = torch.cat([self._spread("hop1_adj", r1), self._spread("hop2_adj", r1)], dim=-1)  # [M, N, 4h]
+        return H2GCNRepresentations(ego, hop1, hop2, torch.cat([ego, r1, r2], dim=-1))  # combined [M, N, 7h]
+
+    def _logits(self, combined: Tensor, masks: list[Tensor] | None) -> Tensor:
+        h = combined * masks[0] if masks else combined
+        return torch.bmm(h, self.stacks["classifier.weight"].transpose(1, 2))  # [M, N, C], no bias (official)
+
+    def forward(self, training: bool, masks: list[Tensor] | None = None) -> Tensor:
+        return self._logits(self.representations().combined, masks)
+
+    def loss(self, masks: list[Tensor] | None) -> Tensor:
+        """Σ_m client m's `objective` on its own (unpadded) representations and logits."""
+        reps = self.representations()
+        logits = self._logits(reps.combined, masks)
+        per_client = zip(*(t.unbind(0) for t in (reps.ego, reps.hop1, reps.hop2, reps.combined, logits)))
+        penalised = type(self.clients[0]).penalty is not TrainingClient.penalty
+        parameters = self.client_parameters(self.stacks) if penalised else [{}] * len(self.clients)
+        total = torch.zeros((), device=logits.device)
+        for client, size, own_parameters, (ego, hop1, hop2, combined, client_logits) in zip(
+            self.clients, self.sizes, parameters, per_client
+        ):
+            own = H2GCNRepresentations(ego[:size], hop1[:size], hop2[:size], combined[:size])
+            objective = client.objective(client_logits[:size], own)
+            total = total + (client.with_penalty(objective, own_parameters) if penalised else objective)
+        return total
+
+
+def batched_training(clients: list[TrainingClient], backbone: str) -> BatchedTraining | None:
+    """The batched trainer for these clients' backbone, or None where the per-client path must run:
+    another backbone, a single client, or a client without training nodes (it does not step in the
+    per-client path, and Adam would move it here)."""
+    if len(clients) < 2 or any(c.num_train == 0 for c in clients):
+        return None
+    if backbone in ("gcn", "masked_gcn"):
+        return BatchedGCNTraining(clients)
+    if backbone in ("h2gcn", "h2gcn-tanh", "h2gcn-elu"):
+        return BatchedH2GCNTraining(clients)
+    return None

@@ -26,7 +26,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from gfl_bench.backbones import backbone_class, build_backbone, prepared_key
-from gfl_bench.batched import BatchedGCNTraining, can_batch
+from gfl_bench.batched import batched_training
 from gfl_bench.datasets import dataset_spec, load_dataset
 from gfl_bench.method import MethodParams, Round, Setup, clone_message, method_class
 from gfl_bench.metrics import metric_fn
@@ -181,7 +181,7 @@ def run(
     server = method.server(copy.deepcopy(template), spec.params, setup)
     clients = [method.client(cid, g, copy.deepcopy(template), spec.params, setup) for cid, g in enumerate(graphs)]
     client_ids = list(range(len(clients)))
-    together = BatchedGCNTraining(clients) if batched and method.batchable and can_batch(clients, spec.params.backbone) else None
+    together = batched_training(clients, spec.params.backbone) if batched and method.batchable else None
     metric = metric_fn(data.metric)
     val_counts = torch.tensor([float(g.val_mask.sum()) for g in graphs], device=device)
     test_counts = torch.tensor([float(g.test_mask.sum()) for g in graphs], device=device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -43,10 +44,18 @@ class TrainingClient(Client):
         return self.upload()
 
     def loss(self) -> Tensor:
-        """The local objective of one step: cross-entropy on the training nodes, plus `penalty`."""
-        logits = self.model(self.graph)
-        loss = F.cross_entropy(logits[self.train_index], self.graph.y[self.train_index])
-        penalty = self.penalty(dict(self.model.named_parameters()))
+        """One step's local objective: `objective` on one forward pass, plus `penalty`."""
+        return self.with_penalty(self.objective(self.model(self.graph)), dict(self.model.named_parameters()))
+
+    def objective(self, logits: Tensor, representations: Any = None) -> Tensor:
+        """The data term of the local objective given this step's logits: cross-entropy on the training
+        nodes. The batched path calls it with this client's slice of a batched forward, and for
+        backbones that expose them (H2GCN), its `representations`, which FedGMC's losses read."""
+        return F.cross_entropy(logits[self.train_index], self.graph.y[self.train_index])
+
+    def with_penalty(self, loss: Tensor, parameters: Mapping[str, Tensor]) -> Tensor:
+        """`loss` plus this client's `penalty` of `parameters`, if it has one."""
+        penalty = self.penalty(parameters)
         return loss if penalty is None else loss + penalty
 
     def penalty(self, parameters: Mapping[str, Tensor]) -> Tensor | None:

@@ -340,15 +340,13 @@ class FedGMCClient(TrainingClient):
         self.assignment: Tensor | None = None
         self.state: dict[str, Tensor] = {}
 
-    def fit(self, rnd: Round, message: Message) -> Message:
+    def receive(self, rnd: Round, message: Message) -> None:
         if "weights" in message:
             load_model_state(self.model, message["weights"])
         self.anchors = message["anchors"]
         self.templates = message["templates"]
         self.sample = self.sample_nodes()
         self.assignment = None  # solved at the round's first step, kept for its later epochs
-        self.train_local()
-        return self.upload()
 
     def sample_nodes(self) -> Tensor:
         """B nodes without replacement; one draw per round from this client's own seeded generator."""
@@ -356,16 +354,20 @@ class FedGMCClient(TrainingClient):
         return self.candidates[order.to(self.candidates.device)]
 
     def loss(self) -> Tensor:
-        """Eq. 74 on one forward pass; the detached parts the upload needs are kept in `self.state`.
+        """Eq. 74 on one forward pass (the batched path calls `objective` on its slice of a batched one)."""
+        reps = self.model.representations(self.graph)
+        # H2GCN.forward on the same representations: dropout, then the classifier.
+        logits = self.model.classifier(F.dropout(reps.combined, self.model.dropout, self.model.training))
+        return self.with_penalty(self.objective(logits, reps), dict(self.model.named_parameters()))
+
+    def objective(self, logits: Tensor, reps: H2GCNRepresentations) -> Tensor:
+        """CE + semantic + structural calibration; the detached parts the upload needs are kept in `self.state`.
 
         R_m (closed form) and F_m (Sinkhorn) are solved for the current embeddings and held fixed in the
         gradient step, an alternating scheme: SVD gradients are undefined at the repeated zero singular
         values that Δ P_mᵀ (rank ≤ C < d) always has, and Eq. 7 weighs W by F as a given plan.
         """
         p = self.params
-        reps = self.model.representations(self.graph)
-        # H2GCN.forward on the same representations: dropout, then the classifier.
-        logits = self.model.classifier(F.dropout(reps.combined, self.model.dropout, self.model.training))
         ce = F.cross_entropy(logits[self.train_index], self.train_labels)
         total = ce
         losses = [ce.detach()]
@@ -522,6 +524,7 @@ class FedGMC(Method):
     Params = FedGMCParams
     client = FedGMCClient
     server = FedGMCServer
+    batchable = True  # the H2GCN forward batches; each client's calibration losses read its own slice
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from gfl_bench.runner import DataCache, run
 from gfl_bench.spec import make_spec
@@ -17,19 +18,42 @@ BATCHED_CASES = [
     ("gcfl", {}),
     ("fedpub", {}),  # masked GCN, masks without weight decay off (the code's default)
     ("fedpub", {"regularizer_grad": "true", "mask_weight_decay": "false", "l1": "0.01"}),  # the paper's penalty
+    ("fedavg", {"backbone": "h2gcn-tanh"}),  # H2GCN with the plain CE objective
+    ("fedprox", {"backbone": "h2gcn", "mu": "0.5"}),
+    ("fedgmc", {}),  # calibration losses on each client's slice of the batched representations
+    ("fedgmc", {"share": "all", "combine": "ring"}),
 ]
+
+
+def run_with_logits(spec, federation, device, monkeypatch, batched: bool) -> tuple[dict, list[list]]:
+    """The run's record and every client's evaluated logits, round by round (captured at evaluation)."""
+    import gfl_bench.runner as runner
+
+    evaluate, seen = runner._evaluate, []
+
+    def capturing(clients, metric, batched_logits=None):
+        seen.append([t.clone() for t in batched_logits] if batched_logits is not None else [c.predict() for c in clients])
+        return evaluate(clients, metric, batched_logits)
+
+    monkeypatch.setattr(runner, "_evaluate", capturing)
+    record = run(spec, federation, device, batched=batched)
+    monkeypatch.setattr(runner, "_evaluate", evaluate)
+    return record, seen
 
 
 @pytest.mark.parametrize(("method", "overrides"), BATCHED_CASES)
 @pytest.mark.parametrize("epochs", [1, 2])
-def test_batched_clients_give_the_per_client_numbers(tiny_federation, cpu, method, overrides, epochs):
+def test_batched_clients_give_the_per_client_numbers(tiny_federation, cpu, monkeypatch, method, overrides, epochs):
+    """Every client's logits after every round agree to float rounding. (Accuracies are not compared
+    number for number: a test node whose two logits tie to the last bit may flip between the paths.)"""
     spec = make_spec(method, "tiny", "metis", 5, 3, overrides, rounds=4, local_epochs=epochs)
-    one_by_one = run(spec, tiny_federation, cpu)
-    together = run(spec, tiny_federation, cpu, batched=True)
+    one_by_one, expected = run_with_logits(spec, tiny_federation, cpu, monkeypatch, batched=False)
+    together, actual = run_with_logits(spec, tiny_federation, cpu, monkeypatch, batched=True)
     assert (one_by_one["execution"], together["execution"]) == ("per-client", "batched")
-    assert together["best_round"] == one_by_one["best_round"]
-    for key in ("val", "test"):  # every client, every round
-        np.testing.assert_allclose(together["client_curves"][key], one_by_one["client_curves"][key], atol=1e-5)
+    for round_expected, round_actual in zip(expected, actual, strict=True):
+        for client_expected, client_actual in zip(round_expected, round_actual, strict=True):
+            torch.testing.assert_close(client_actual, client_expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(together["client_curves"]["val"], one_by_one["client_curves"]["val"], atol=0.05)
     np.testing.assert_allclose(together["bytes_up"], one_by_one["bytes_up"])
 
 
@@ -45,25 +69,28 @@ def test_batched_gcfl_plus_splits_as_the_per_client_path(tiny_federation, cpu):
     np.testing.assert_allclose(together["client_curves"]["val"], one_by_one["client_curves"]["val"], atol=1e-5)
 
 
-def test_batched_logits_match_after_three_rounds_on_cora(cpu):
+@pytest.mark.parametrize("method", ["fedavg", "fedgmc"])
+def test_batched_logits_match_after_three_rounds_on_cora(cpu, monkeypatch, method):
     import os
     from pathlib import Path
 
     if not (Path(os.environ.get("GFLBENCH_RAW_MIRROR", "../shared/data")) / "Cora").is_dir():
         pytest.skip("Cora raw files not in GFLBENCH_RAW_MIRROR")
     data = DataCache(None, None).federated("cora", "metis", 10, 1234)
-    spec = make_spec("fedavg", "cora", "metis", 10, 0, rounds=3)
-    records = [run(spec, data, cpu, snapshot_rounds=frozenset(), batched=b) for b in (False, True)]
-    assert records[1]["execution"] == "batched"
-    np.testing.assert_allclose(records[1]["client_curves"]["val"], records[0]["client_curves"]["val"], atol=1e-6)
-    assert records[1]["test"] == pytest.approx(records[0]["test"], abs=1e-6)
+    spec = make_spec(method, "cora", "metis", 10, 0, rounds=3)
+    one_by_one, expected = run_with_logits(spec, data, cpu, monkeypatch, batched=False)
+    together, actual = run_with_logits(spec, data, cpu, monkeypatch, batched=True)
+    assert together["execution"] == "batched"
+    for client_expected, client_actual in zip(expected[-1], actual[-1], strict=True):
+        torch.testing.assert_close(client_actual, client_expected, rtol=1e-4, atol=1e-4)
+    assert together["test"] == pytest.approx(one_by_one["test"], abs=2e-3)  # at most a tie flip or two
 
 
 def test_methods_that_cannot_batch_run_per_client(tiny_federation, cpu):
-    spec = make_spec("fedavg", "tiny", "metis", 5, 0, {"backbone": "h2gcn-tanh"}, rounds=2)
+    spec = make_spec("fedavg", "tiny", "metis", 5, 0, {"backbone": "sage"}, rounds=2)  # no batched GraphSAGE
     assert run(spec, tiny_federation, cpu, batched=True)["execution"] == "per-client"
-    gmc = make_spec("fedgmc", "tiny", "metis", 5, 0, rounds=2)  # extra losses on the embeddings
-    assert run(gmc, tiny_federation, cpu, batched=True)["execution"] == "per-client"
+    gta = make_spec("fedgta", "tiny", "metis", 5, 0, rounds=2)  # not `batchable`: label propagation after training
+    assert run(gta, tiny_federation, cpu, batched=True)["execution"] == "per-client"
 
 
 def test_constant_sparse_product_and_gradient_equal_the_dense_ones():
