@@ -219,7 +219,7 @@ def run(
 @friendly
 def sweep(
     table_: Annotated[
-        Optional[str], typer.Option("--table", help="Run what paper table 1, 2, 4, 5, 6, 7 (or 'sensitivity') needs.")
+        Optional[str], typer.Option("--table", help="Run what paper table 1, 2, 4, 5, 6, 7, 'sensitivity' (the figures) or 'all' of them needs.")
     ] = None,
     method: Annotated[Optional[str], typer.Option("--method", "-m", help="Only these methods (or the grid's).")] = None,
     dataset: Annotated[Optional[str], typer.Option("--datasets", "--dataset", "-d", help="Only these datasets.")] = None,
@@ -245,22 +245,19 @@ def sweep(
     retry_failed: RetryOption = False,
 ) -> None:
     """Run every run a paper table (or an explicit grid) needs that the store lacks, and nothing else."""
-    from gfl_bench.sweep import Grid, estimate, table_grid
+    from gfl_bench.sweep import SWEEP_TABLES, Grid, estimate
 
     check_protocol(protocol)
     registered = list(all_methods())
     if seeds < 1:
         raise UserError(f"--seeds must be at least 1, got {seeds}")
-    if table_ == "sensitivity":
-        from gfl_bench.plots import SENSITIVITY_DATASETS, sensitivity_specs
-
-        chosen = split_list(dataset, "datasets") if dataset else list(SENSITIVITY_DATASETS)
-        for d in chosen:
-            dataset_spec(d)
-        specs = [s for d in chosen for s in sensitivity_specs(d, "metis", 10, seeds, rounds)]
-        grid = None
-    elif table_ is not None:
-        grid = table_grid(table_, registered)
+    if table_ is not None:
+        # "all": every run the paper's tables and sensitivity figures need, each once
+        chosen_tables = (*SWEEP_TABLES, "sensitivity") if table_ == "all" else (table_,)
+        specs = [s for t in chosen_tables
+                 for s in _table_specs(t, registered, method, dataset, seeds, set_, rounds, local_epochs, protocol,
+                                       tuned_dir, part_of_all=table_ == "all")]
+        specs = list({s.run_key: s for s in specs}.values())  # fmt: skip
     else:
         if method is None or dataset is None:
             raise UserError("give --table N, or an explicit grid with --method and --datasets")
@@ -268,8 +265,7 @@ def sweep(
         counts = parse_ints(clients, "client counts") if clients else list(SCHEMES[partition])
         grid = Grid(tuple(split_list(method, "methods")), tuple(split_list(dataset, "datasets")),
                     tuple((partition, c) for c in counts))  # fmt: skip
-    if grid is not None:
-        specs = _grid_specs_checked(grid, table_, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned_dir)
+        specs = _grid_specs_checked(grid, None, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned_dir)
     env = Environment(device, data_dir or default_data_dir(), threads, batched=batched, sparse_features=sparse_features)
     if dry_run:
         import pandas as pd
@@ -317,6 +313,27 @@ def _packed_workers(todo: list[RunSpec], device: str) -> int:
 def _planned_device(device: str) -> str | None:
     """The device type a dry run plans for (None for auto: any measured row will do)."""
     return None if device == "auto" else device.split(":")[0]
+
+
+def _table_specs(
+    table_, registered, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned, part_of_all=False
+) -> list[RunSpec]:
+    """The runs one paper table (or the sensitivity figures) needs, restricted to --method / --datasets."""
+    from gfl_bench.sweep import table_grid
+
+    if table_ != "sensitivity":
+        return _grid_specs_checked(table_grid(table_, registered), table_, method, dataset, seeds, set_, rounds,
+                                   local_epochs, protocol, tuned)  # fmt: skip
+    from gfl_bench.plots import SENSITIVITY_DATASETS, sensitivity_specs
+
+    if method and "fedgmc" not in split_list(method, "methods"):
+        return []  # the figures vary FedGMC's parameters only
+    chosen = split_list(dataset, "datasets") if dataset else list(SENSITIVITY_DATASETS)
+    for d in chosen:
+        dataset_spec(d)
+    if part_of_all:  # `--table all -d X`: X's sensitivity runs only where the paper has that figure
+        chosen = [d for d in chosen if d in SENSITIVITY_DATASETS]
+    return [s for d in chosen for s in sensitivity_specs(d, "metis", 10, seeds, rounds)]
 
 
 def _grid_specs_checked(grid, table_, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned) -> list[RunSpec]:

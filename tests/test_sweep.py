@@ -166,3 +166,20 @@ def test_workers_zero_packs_automatically(store, tmp_path, monkeypatch):
     assert "packing rule" in result.output and "300 MB per run" in result.output
     with RunStore(store) as runs:
         assert len(runs) == 2
+
+
+def test_table_all_is_every_table_and_figure_run_once(tmp_path):
+    """Cora's FedAvg runs: Table 1's three METIS cells and Table 4's three overlapping ones; Table 7
+    asks for the same six again (counted once), Table 6 and the sensitivity figures have no FedAvg."""
+    result = CliRunner().invoke(app, ["sweep", "--table", "all", "-d", "cora", "-m", "fedavg", "--seeds", "1",
+                                      "--dry-run", "--store", str(tmp_path / "none.sqlite")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "6 runs in the grid, 6 missing" in result.output
+    with_gmc = CliRunner().invoke(app, ["sweep", "--table", "all", "-d", "cora", "-m", "fedgmc", "--seeds", "1",
+                                        "--dry-run", "--store", str(tmp_path / "none.sqlite")])  # fmt: skip
+    assert with_gmc.exit_code == 0, with_gmc.output
+    from gfl_bench.plots import SENSITIVITY
+
+    varied = sum(len(values) for values in SENSITIVITY.values()) - len(SENSITIVITY) + 1  # the defaults once
+    expected = 6 + varied - 1  # the default-valued sensitivity run is Table 1's FedGMC Cora-10 run
+    assert f"{expected} runs in the grid" in with_gmc.output
