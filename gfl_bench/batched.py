@@ -58,7 +58,7 @@ class BatchedTraining:
 
     input_major: ClassVar[tuple[str, ...]] = ()  # first-layer weights, stacked [M, F, h]
     operators: ClassVar[tuple[str, ...]] = ()  # the graph attributes packed block-diagonally
-    dropout_widths: ClassVar[tuple[str, ...]] = ()  # per dropout call of a forward: the stack whose rows give its width
+    dropout_widths: ClassVar[tuple[str, ...]] = ()  # per dropout call of a forward: the stack whose last dimension is its width
 
     def __init__(self, clients: list[TrainingClient]) -> None:
         self.clients = clients
