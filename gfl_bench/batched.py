@@ -41,6 +41,7 @@ A method opts in with `Method.batchable`; `batched_training` picks the class for
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import ClassVar
 
 import torch
@@ -52,7 +53,7 @@ from gfl_bench.graph_ops import ConstantSparse
 from gfl_bench.training import TrainingClient
 
 
-class BatchedTraining:
+class BatchedTraining(ABC):
     """Stacks the models of `clients` (their parameters become views into the stacks) and trains them
     together; a subclass gives the network's batched forward and the loss."""
 
@@ -142,12 +143,13 @@ class BatchedTraining:
                     masks[epoch][layer][m, :size] = noise
         return masks
 
+    @abstractmethod
     def forward(self, training: bool, masks: list[Tensor] | None = None) -> Tensor:
         """Every client's logits, [M, N, C]; `masks` are one epoch's dropout masks (None: no dropout)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def loss(self, masks: list[Tensor] | None) -> Tensor:
-        raise NotImplementedError
+        """Σ_m client m's local objective on its own slice of one batched forward."""
 
     @torch.no_grad()
     def predict(self) -> list[Tensor]:

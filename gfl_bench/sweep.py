@@ -103,7 +103,7 @@ def estimate(
     ok = runs[runs["status"] == "ok"] if len(runs) else runs
     table = load_round_times() if measured is None else measured
     if device is not None and len(table):
-        same_device = table[table["device"].astype(str).str.split(":").str[0] == device.split(":")[0]]
+        same_device = _of_device_type(table, device)
         table = same_device if len(same_device) else table
     rows = []
     cells: dict[tuple, list[RunSpec]] = {}
@@ -117,6 +117,11 @@ def estimate(
         rows.append({"method": method, "dataset": dataset, "scheme": scheme, "clients": clients,
                      "runs": len(members), "est. seconds": seconds, "basis": basis})  # fmt: skip
     return pd.DataFrame(rows, columns=["method", "dataset", "scheme", "clients", "runs", "est. seconds", "basis"])
+
+
+def _of_device_type(table: pd.DataFrame, device: str) -> pd.DataFrame:
+    """The measured rows of `device`'s type ("cuda:1" matches rows of any CUDA device)."""
+    return table[table["device"].astype(str).str.split(":").str[0] == device.split(":")[0]]
 
 
 def _stored_basis(ok: pd.DataFrame, method: str, dataset: str, scheme: str, clients: int) -> tuple[float, str]:
@@ -158,7 +163,7 @@ def run_memory_mb(specs: Sequence[RunSpec], measured: pd.DataFrame, device: str)
     measured run of any method. NaN when a planned dataset was never measured on this device type.
     """
     kind = device.split(":")[0]
-    rows = measured[measured["device"].astype(str).str.split(":").str[0] == kind] if len(measured) else measured
+    rows = _of_device_type(measured, device) if len(measured) else measured
     peaks: list[float] = []
     for method, dataset in sorted({(s.method, s.dataset) for s in specs}):
         same = rows[(rows["method"] == method) & (rows["dataset"] == dataset)] if len(rows) else rows
