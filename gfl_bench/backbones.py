@@ -152,10 +152,10 @@ class H2GCN(Backbone):
 
     def representations(self, graph: Data) -> H2GCNRepresentations:
         ego = EGO_ACTIVATIONS[self.activation](input_layer(graph, self.ego))
-        hop1 = torch.sparse.mm(graph.hop1_adj, ego)
-        hop2 = torch.sparse.mm(graph.hop2_adj, ego)
+        hop1 = graph.hop1_adj @ ego
+        hop2 = graph.hop2_adj @ ego  # sparse or dense (graph_ops.dense_if_no_larger)
         r1 = torch.cat([hop1, hop2], dim=1)
-        r2 = torch.cat([torch.sparse.mm(graph.hop1_adj, r1), torch.sparse.mm(graph.hop2_adj, r1)], dim=1)
+        r2 = torch.cat([graph.hop1_adj @ r1, graph.hop2_adj @ r1], dim=1)
         return H2GCNRepresentations(ego, hop1, hop2, torch.cat([ego, r1, r2], dim=1))
 
     def embed(self, graph: Data) -> Tensor:

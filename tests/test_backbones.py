@@ -7,7 +7,7 @@ import torch
 from torch_geometric.data import Data
 
 from gfl_bench.backbones import BACKBONES, GCN, H2GCN
-from gfl_bench.graph_ops import h2gcn_adjacencies
+from gfl_bench.graph_ops import dense_if_no_larger, h2gcn_adjacencies
 
 
 def _path_graph(n: int) -> Data:
@@ -131,3 +131,29 @@ def test_a_run_with_sparse_features_records_it_and_matches_the_dense_run(tiny_fe
     sparse = run(spec, tiny_federation, device, sparse_features=True)
     assert (dense["features"], sparse["features"]) == ("dense", "sparse")
     assert sparse["curves"]["val"] == pytest.approx(dense["curves"]["val"], abs=1e-6)
+
+
+def _star_graph(n: int) -> Data:
+    """Node 0 joined to every other node: every pair of leaves is exactly two hops apart."""
+    leaves = torch.arange(1, n)
+    hub = torch.zeros(n - 1, dtype=torch.long)
+    edge_index = torch.cat([torch.stack([hub, leaves]), torch.stack([leaves, hub])], dim=1)
+    return Data(x=torch.randn(n, 5), edge_index=edge_index, num_nodes=n)
+
+
+def test_a_2hop_operator_goes_dense_only_where_that_is_no_bigger():
+    _, ring = h2gcn_adjacencies(_path_graph(30).edge_index, 30)  # 2 non-zeros per row of 30
+    assert ring.layout == torch.sparse_csr
+    _, leaves = h2gcn_adjacencies(_star_graph(12).edge_index, 12)  # 110 of 144 entries
+    assert leaves.layout == torch.strided
+    assert dense_if_no_larger(leaves.to_sparse_csr()).layout == torch.strided
+
+
+def test_h2gcn_gives_the_same_representations_with_a_dense_or_sparse_2hop_operator():
+    graph = _star_graph(12)
+    H2GCN.prepare(graph)
+    assert graph.hop2_adj.layout == torch.strided
+    model = H2GCN(5, 8, 3, 0.0)
+    dense = model.representations(graph).combined
+    graph.hop2_adj = graph.hop2_adj.to_sparse_csr()
+    torch.testing.assert_close(model.representations(graph).combined, dense)

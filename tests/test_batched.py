@@ -109,3 +109,12 @@ def test_constant_sparse_product_and_gradient_equal_the_dense_ones():
     (dense @ reference).mul(upstream).sum().backward()
     torch.testing.assert_close(ConstantSparse(dense) @ weight.detach(), dense @ weight.detach())
     torch.testing.assert_close(weight.grad, reference.grad)
+
+
+def test_tiny_mixes_dense_and_sparse_2hop_operators(tiny_federation):
+    """The H2GCN cases above cover both operator kinds of the batched path only while `tiny`'s clients mix
+    them (graph_ops.dense_if_no_larger): a dense 2-hop ring on some clients, a CSR one on others."""
+    from gfl_bench.graph_ops import h2gcn_adjacencies
+
+    layouts = {h2gcn_adjacencies(g.edge_index, g.num_nodes)[1].layout for g in tiny_federation.graphs}
+    assert layouts == {torch.strided, torch.sparse_csr}
