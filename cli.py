@@ -155,6 +155,12 @@ BatchedOption = Annotated[
     typer.Option("--batched/--per-client", help="Train all clients of Local, FedAvg, FedPer, FedProx, GCFL, FED-PUB, FedTAD and "
                  "FedGMC (GCN, H2GCN) in one pass per epoch (same numbers up to float rounding on CPU; gfl_bench/batched.py)."),
 ]
+StackOption = Annotated[
+    int,
+    typer.Option(help="Step up to N seeds of one configuration of a batchable method together in one process, every "
+                 "client of every seed in one batched pass (implies --batched for them); each seed's numbers are its "
+                 "own (gfl_bench/randomness.py). Pays on a GPU; bench/stacked_seeds.py measures it."),
+]
 SparseOption = Annotated[
     bool,
     typer.Option("--sparse-features/--dense-features", help="First layer from a CSR copy of the features: 2-5× "
@@ -176,6 +182,7 @@ def run(
     threads: ThreadsOption = 1,
     workers: WorkersOption = 1,
     batched: BatchedOption = False,
+    stack_seeds: StackOption = 1,
     sparse_features: SparseOption = False,
     set_: SetOption = None,
     rounds: RoundsOption = None,
@@ -208,7 +215,9 @@ def run(
         make_spec(meth, ds, partition, m, seed, overrides[meth], rounds, local_epochs, data_seed, protocol, tuned_dir)
         for ds in datasets for m in counts for meth in methods for seed in range(seeds)
     ]  # fmt: skip
-    env = Environment(device, data_dir or default_data_dir(), threads, snapshots, snapshot_dir, batched, sparse_features)
+    if stack_seeds < 1:
+        raise UserError(f"--stack-seeds must be at least 1, got {stack_seeds}")
+    env = Environment(device, data_dir or default_data_dir(), threads, snapshots, snapshot_dir, batched, sparse_features, stack_seeds)
     no_snapshots = frozenset(
         s.run_key for s in specs if any(not (snapshot_dir / s.run_key / f"round{r}.pt").exists() for r in snapshots)
     )
@@ -234,6 +243,7 @@ def sweep(
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
     threads: ThreadsOption = 1,
     batched: BatchedOption = False,
+    stack_seeds: StackOption = 1,
     sparse_features: SparseOption = False,
     set_: SetOption = None,
     rounds: RoundsOption = None,
@@ -266,7 +276,10 @@ def sweep(
         grid = Grid(tuple(split_list(method, "methods")), tuple(split_list(dataset, "datasets")),
                     tuple((partition, c) for c in counts))  # fmt: skip
         specs = _grid_specs_checked(grid, None, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned_dir)
-    env = Environment(device, data_dir or default_data_dir(), threads, batched=batched, sparse_features=sparse_features)
+    if stack_seeds < 1:
+        raise UserError(f"--stack-seeds must be at least 1, got {stack_seeds}")
+    env = Environment(device, data_dir or default_data_dir(), threads, batched=batched, sparse_features=sparse_features,
+                      stack_seeds=stack_seeds)  # fmt: skip
     if dry_run:
         import pandas as pd
 

@@ -4,7 +4,7 @@
 #   bash bench/gpu_check.sh                 # on the GPU machine; figures go to $OUT (or ./gpu_check_results)
 #   DEVICE=cpu bash bench/gpu_check.sh      # smoke mode: tiny sizes, checks that every step still runs
 #
-# Steps (each under its own time limit, 450 s in all, so one slow step cannot eat the others' budget):
+# Steps (each under its own time limit, 615 s in all at worst, so one slow step cannot eat the others' budget):
 #   1. tests: pytest on the device-agnostic test files with GFLBENCH_TEST_DEVICE set, which their
 #      `device` fixture (tests/conftest.py) reads: runs, determinism per seed, backbones, methods.
 #   2. parity: the same FedAvg and FedGMC runs on CPU and on the device must give the same test
@@ -12,6 +12,7 @@
 #   3. round-time table on the device (bench/round_time.py), merged into a CSV that can be copied
 #      to bench/round_times.csv for `gflbench sweep --dry-run`.
 #   3b. batched clients against the per-client path at 5 and 50 clients (bench/batched.py).
+#   3c. seeds stacked in one process (--stack-seeds) against one run at a time (bench/stacked_seeds.py).
 #   4. sweep throughput: local, fedavg and fedgmc on Cora, 17 seeds (51 runs), 4 workers, into a
 #      temporary store; runs per minute.
 # Figures go to $RESULTS (default $OUT/gpu_check.txt): one "name: value" line per figure, then the
@@ -32,7 +33,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 if [[ $DEVICE == cuda* ]]; then
     DATASET=cora; CLIENTS=10; ROUNDS=20; SEEDS=17; WORKERS=4; PARITY_ROUNDS=5; SWEEP_ROUNDS=""
-    TESTS="tests/test_runner.py tests/test_backbones.py tests/test_methods.py"
+    TESTS="tests/test_runner.py tests/test_backbones.py tests/test_methods.py tests/test_stacking.py"
     METHODS=""  # the round-time table: every registered method
 else  # smoke mode: every step at a size a busy CPU finishes in a minute or two
     DATASET=tiny; CLIENTS=5; ROUNDS=3; SEEDS=2; WORKERS=2; PARITY_ROUNDS=2; SWEEP_ROUNDS="--rounds 3"
@@ -100,6 +101,10 @@ for count in 5 50; do
         --methods fedavg,fedprox,gcfl,fedpub --device "$DEVICE"
 done
 
+# 3c. seeds stacked along a seed axis (one process, every client of every seed in one batched pass)
+step stacked 45 python bench/stacked_seeds.py --dataset "$DATASET" --clients "$CLIENTS" --methods fedavg,fedgmc \
+    --stack 1,4,16 --rounds 5 --device "$DEVICE"
+
 # 4. sweep throughput
 sweep_start=$(date +%s.%N)
 # shellcheck disable=SC2086
@@ -120,6 +125,9 @@ note "sweep.runs_per_minute" "$(python -c "print(f'{$runs / (($sweep_end - $swee
     echo
     echo "## batched clients against per-client ($DEVICE, $DATASET, 5 and 50 clients)"
     cat "$WORK/batched_5.log" "$WORK/batched_50.log"
+    echo
+    echo "## seeds stacked in one process ($DEVICE, $DATASET, $CLIENTS clients)"
+    cat "$WORK/stacked.log"
     echo
     echo "## logs of failed steps"
     for log in "$WORK"/*.log; do

@@ -25,6 +25,9 @@ most, a `TrainingClient.penalty` of the client's own parameters):
   Its clients' objective may read the representations (FedGMC's calibration losses), so each
   client's `TrainingClient.objective` is called on its own slice of the batch's representations
   and logits; only the network's arithmetic is batched.
+- The clients may belong to several runs of one configuration (seeds stacked by
+  `runner.run_together`): each run's dropout masks are drawn from its own random streams
+  (`streams`, gfl_bench/randomness.py), so each run sees the numbers it would see alone.
 - One Adam over the stacks, with the first client's parameter groups (FED-PUB: masks without weight
   decay). Adam is elementwise, so it is each client's own Adam; the fused kernel is used, which
   computes the same update with different float rounding.
@@ -51,6 +54,7 @@ from torch.nn import functional as F
 
 from gfl_bench.backbones import EGO_ACTIVATIONS, H2GCNRepresentations
 from gfl_bench.graph_ops import ConstantSparse
+from gfl_bench.randomness import RunRandomness, SharedRandomness
 from gfl_bench.training import TrainingClient
 
 
@@ -62,8 +66,10 @@ class BatchedTraining(ABC):
     operators: ClassVar[tuple[str, ...]] = ()  # the graph attributes packed block-diagonally
     dropout_widths: ClassVar[tuple[str, ...]] = ()  # per dropout call of a forward: the stack whose last dimension is its width
 
-    def __init__(self, clients: list[TrainingClient]) -> None:
+    def __init__(self, clients: list[TrainingClient], streams: list[tuple[RunRandomness, int]] | None = None) -> None:
         self.clients = clients
+        # (random streams, client count) per run, in client order: several runs when stacked along seeds
+        self.streams = streams or [(SharedRandomness(), len(clients))]
         first = clients[0]
         self.local_epochs = first.setup.local_epochs
         self.dropout = first.params.dropout
@@ -151,11 +157,15 @@ class BatchedTraining(ABC):
         device = self.train_rows.device
         widths = [self.stacks[name].shape[-1] for name in self.dropout_widths]
         masks = [[torch.zeros(len(self.clients), self.padded, w, device=device) for w in widths] for _ in range(self.local_epochs)]
-        for m, size in enumerate(self.sizes):  # client-major, as the per-client path trains client after client
-            for epoch in range(self.local_epochs):
-                for layer, width in enumerate(widths):
-                    noise = torch.empty(size, width, device=device).bernoulli_(keep).div_(keep)  # F.dropout's draw
-                    masks[epoch][layer][m, :size] = noise
+        first = 0
+        for randomness, count in self.streams:  # each run from its own streams
+            with randomness.active():
+                for m in range(first, first + count):  # client-major, as the per-client path trains client after client
+                    for epoch in range(self.local_epochs):
+                        for layer, width in enumerate(widths):
+                            noise = torch.empty(self.sizes[m], width, device=device).bernoulli_(keep).div_(keep)  # F.dropout's draw
+                            masks[epoch][layer][m, : self.sizes[m]] = noise
+            first += count
         return masks
 
     @abstractmethod
@@ -192,10 +202,10 @@ class BatchedGCNTraining(BatchedTraining):
     operators = ("gcn_adj",)
     dropout_widths = ("conv1.bias", "conv2.bias")  # after each convolution, h wide
 
-    def __init__(self, clients: list[TrainingClient]) -> None:
+    def __init__(self, clients: list[TrainingClient], streams: list[tuple[RunRandomness, int]] | None = None) -> None:
         model = clients[0].model
         self.prune_below: float | None = getattr(model, "prune_below", None) if hasattr(model.conv1, "mask") else None
-        super().__init__(clients)
+        super().__init__(clients, streams)
 
     def _weight(self, layer: str, training: bool) -> Tensor:
         """The stacked weight of `layer` as the forward uses it: W, or W ⊙ M for the masked GCN (pruned in eval)."""
@@ -235,9 +245,9 @@ class BatchedH2GCNTraining(BatchedTraining):
     operators = ("hop1_adj", "hop2_adj")
     dropout_widths = ("classifier.weight",)  # one dropout on the 7h-wide input of the classifier
 
-    def __init__(self, clients: list[TrainingClient]) -> None:
+    def __init__(self, clients: list[TrainingClient], streams: list[tuple[RunRandomness, int]] | None = None) -> None:
         self.activation = EGO_ACTIVATIONS[clients[0].model.activation]
-        super().__init__(clients)
+        super().__init__(clients, streams)
 
     def representations(self) -> H2GCNRepresentations:
         """Every client's representations, each [M, N, ·]."""
@@ -271,14 +281,17 @@ class BatchedH2GCNTraining(BatchedTraining):
         return total
 
 
-def batched_training(clients: list[TrainingClient], backbone: str) -> BatchedTraining | None:
+def batched_training(
+    clients: list[TrainingClient], backbone: str, streams: list[tuple[RunRandomness, int]] | None = None
+) -> BatchedTraining | None:
     """The batched trainer for these clients' backbone, or None where the per-client path must run:
     another backbone, a single client, or a client without training nodes (it does not step in the
-    per-client path, and Adam would move it here)."""
+    per-client path, and Adam would move it here). `streams`: the random streams of each run whose
+    clients follow one another in `clients` (runs stacked along seeds); None for one run."""
     if len(clients) < 2 or any(c.num_train == 0 for c in clients):
         return None
     if backbone in ("gcn", "masked_gcn"):
-        return BatchedGCNTraining(clients)
+        return BatchedGCNTraining(clients, streams)
     if backbone in ("h2gcn", "h2gcn-tanh", "h2gcn-elu"):
-        return BatchedH2GCNTraining(clients)
+        return BatchedH2GCNTraining(clients, streams)
     return None

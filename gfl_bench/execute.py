@@ -24,7 +24,8 @@ import torch
 
 from gfl_bench.datasets import VERBOSE_ENV
 from gfl_bench.errors import UserError
-from gfl_bench.runner import DataCache, RoundCallback, failed_record, resolve_device, run
+from gfl_bench.method import method_class
+from gfl_bench.runner import DataCache, failed_record, resolve_device, run_together
 from gfl_bench.spec import RunSpec
 from gfl_bench.store import RunStore
 
@@ -42,13 +43,19 @@ class Environment:
     snapshot_dir: Path = Path("results") / "snapshots"
     batched: bool = False  # train the clients of a `batchable` method together (gfl_bench/batched.py)
     sparse_features: bool = False  # first layer from a CSR copy of the features (backbones.input_layer)
+    stack_seeds: int = 1  # step up to this many seeds of one batchable configuration together (runner.run_together)
 
 
 _caches: dict[Path | None, DataCache] = {}  # per worker process: datasets and partitions loaded once
 
 
-def run_job(spec: RunSpec, env: Environment, on_round: RoundCallback | None = None) -> dict:
-    """Run one spec and return its record; any failure but bad input becomes a failed record."""
+RoundDone = Callable[[RunSpec, int, float, float], None]
+
+
+def run_job(job: list[RunSpec], env: Environment, on_round: RoundDone | None = None) -> list[dict]:
+    """Run one job (a spec, or seeds stacked by `stacked_jobs`) and return its records; any failure but
+    bad input becomes a failed record. A stacked job that fails is run again one spec at a time, so a
+    diverging seed fails alone and the others keep their numbers (they equal the stacked ones)."""
     if not os.environ.get(VERBOSE_ENV):  # worker processes too: library warnings only with --verbose
         warnings.simplefilter("ignore")
     if env.threads:
@@ -58,16 +65,35 @@ def run_job(spec: RunSpec, env: Environment, on_round: RoundCallback | None = No
         partitions = env.data_dir / "partitions" if env.data_dir else None
         _caches[env.data_dir] = DataCache(env.data_dir, partitions)
     started = time.time()
+    first = job[0]
     try:
-        data = _caches[env.data_dir].federated(spec.dataset, spec.scheme, spec.clients, spec.data_seed)
-        return run(spec, data, device, on_round, env.snapshot_rounds, env.snapshot_dir, env.batched,
-                   env.sparse_features)
+        data = _caches[env.data_dir].federated(first.dataset, first.scheme, first.clients, first.data_seed)
+        return run_together(job, data, device, on_round, env.snapshot_rounds, env.snapshot_dir, env.batched or len(job) > 1,
+                            env.sparse_features)  # fmt: skip
     except UserError:
         raise
     except Exception as error:  # noqa: BLE001 - recorded with its type and message, the sweep goes on
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        return failed_record(spec, error, device, started)
+        if len(job) > 1:
+            return [record for spec in job for record in run_job([spec], env, on_round)]
+        return [failed_record(first, error, device, started)]
+
+
+def stacked_jobs(specs: list[RunSpec], size: int) -> list[list[RunSpec]]:
+    """The specs as jobs: up to `size` seeds of one batchable configuration per job, in the order of their
+    first spec; every other spec alone."""
+    if size <= 1:
+        return [[spec] for spec in specs]
+    groups: dict[tuple, list[RunSpec]] = {}
+    for spec in specs:
+        key = (spec.method, spec.config_key, spec.dataset, spec.scheme, spec.clients, spec.data_seed, spec.rounds, spec.local_epochs)
+        alone = not method_class(spec.method).batchable
+        groups.setdefault((spec.run_key,) if alone else key, []).append(spec)
+    jobs = []
+    for group in groups.values():
+        jobs.extend(group[i : i + size] for i in range(0, len(group), size))
+    return jobs
 
 
 def pending(
@@ -108,31 +134,34 @@ def execute(
     events = events or Events()
     if executor not in EXECUTORS:
         raise UserError(f"unknown executor {executor!r}; choose from {', '.join(EXECUTORS)}")
+    jobs = stacked_jobs(specs, env.stack_seeds)
     if executor == "ray":
-        _execute_ray(specs, store, env, address, gpus_per_run, events)
+        _execute_ray(jobs, store, env, address, gpus_per_run, events)
     elif workers <= 1:
-        for spec in specs:
-            events.started(spec)
-            record = run_job(spec, env, lambda i, v, t, spec=spec: events.round_done(spec, i, v, t))
-            store.put(record, replace=True)
-            events.finished(spec, record)
-            _test_pause(store)
-    else:
-        _execute_pool(specs, store, env, workers, events)
-
-
-def _execute_pool(specs: list[RunSpec], store: RunStore, env: Environment, workers: int, events: Events) -> None:
-    context = multiprocessing.get_context("spawn")  # fork would copy CUDA state and threads
-    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_die_with_parent) as pool:
-        futures = {pool.submit(run_job, spec, env): spec for spec in specs}
-        for spec in specs[:workers]:
-            events.started(spec)
-        try:
-            for future in concurrent.futures.as_completed(futures):
-                spec = futures[future]
-                record = future.result()
+        for job in jobs:
+            for spec in job:
+                events.started(spec)
+            for spec, record in zip(job, run_job(job, env, events.round_done), strict=True):
                 store.put(record, replace=True)
                 events.finished(spec, record)
+                _test_pause(store)
+    else:
+        _execute_pool(jobs, store, env, workers, events)
+
+
+def _execute_pool(jobs: list[list[RunSpec]], store: RunStore, env: Environment, workers: int, events: Events) -> None:
+    context = multiprocessing.get_context("spawn")  # fork would copy CUDA state and threads
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_die_with_parent) as pool:
+        futures = {pool.submit(run_job, job, env): job for job in jobs}
+        for job in jobs[:workers]:
+            for spec in job:
+                events.started(spec)
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                job = futures[future]
+                for spec, record in zip(job, future.result(), strict=True):
+                    store.put(record, replace=True)
+                    events.finished(spec, record)
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)
             raise
@@ -163,7 +192,7 @@ def _die_with_parent() -> None:
 
 
 def _execute_ray(
-    specs: list[RunSpec], store: RunStore, env: Environment, address: str | None, gpus: float, events: Events
+    jobs: list[list[RunSpec]], store: RunStore, env: Environment, address: str | None, gpus: float, events: Events
 ) -> None:
     try:
         import ray
@@ -172,15 +201,15 @@ def _execute_ray(
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     remote = ray.remote(num_cpus=1, num_gpus=gpus)(run_job)
-    pending_refs = {remote.remote(spec, env): spec for spec in specs}
+    pending_refs = {remote.remote(job, env): job for job in jobs}
     try:
         while pending_refs:
             done, _ = ray.wait(list(pending_refs), num_returns=1)
             for ref in done:
-                spec = pending_refs.pop(ref)
-                record = ray.get(ref)
-                store.put(record, replace=True)
-                events.finished(spec, record)
+                job = pending_refs.pop(ref)
+                for spec, record in zip(job, ray.get(ref), strict=True):
+                    store.put(record, replace=True)
+                    events.finished(spec, record)
     except BaseException:
         for ref in pending_refs:
             ray.cancel(ref, force=True)

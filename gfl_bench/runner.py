@@ -14,7 +14,6 @@ import contextlib
 import copy
 import math
 import os
-import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -28,10 +27,11 @@ from torch_geometric.data import Data
 from gfl_bench.backbones import backbone_class, build_backbone, prepared_key
 from gfl_bench.batched import batched_training
 from gfl_bench.datasets import dataset_spec, load_dataset
-from gfl_bench.method import MethodParams, Round, Setup, clone_message, method_class
+from gfl_bench.method import Client, MethodParams, Round, Server, Setup, clone_message, method_class
 from gfl_bench.metrics import metric_fn
 from gfl_bench.partition import Partition, cached_partition, client_graphs
 from gfl_bench.provenance import provenance
+from gfl_bench.randomness import RunRandomness, SharedRandomness, seed_everything
 from gfl_bench.spec import RunSpec
 
 RoundCallback = Callable[[int, float, float], None]
@@ -119,16 +119,6 @@ class DataCache:
         return self._federated[key]
 
 
-def seed_everything(seed: int, device: torch.device) -> None:
-    """Same seed, same device, same numbers: seed every RNG and ask for deterministic kernels."""
-    if device.type == "cuda":
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -161,98 +151,178 @@ def run(
     multiplies a CSR copy of the features (`backbones.input_layer`; the record's `features` says so).
     Both change float summation order only.
     """
-    method = method_class(spec.method)
+    callback = None if on_round is None else (lambda _spec, index, val, test: on_round(index, val, test))
+    return run_together([spec], data, device, callback, snapshot_rounds, snapshot_dir, batched, sparse_features)[0]
+
+
+@dataclass
+class _Party:
+    """One run while it is stepped: its server and clients, its random streams, and what it records."""
+
+    spec: RunSpec
+    server: Server
+    clients: list[Client]
+    randomness: RunRandomness
+    curves: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in ("val", "test", "val_weighted", "test_weighted")})
+    client_curves: dict[str, list[list[float]]] = field(default_factory=lambda: {"val": [], "test": []})
+    seconds: list[float] = field(default_factory=list)
+    phases: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in ("configure", "fit", "aggregate", "evaluate")})
+    bytes_up: list[int] = field(default_factory=list)
+    bytes_down: list[int] = field(default_factory=list)
+    diagnostics: dict[str, list[float]] = field(default_factory=dict)
+
+
+def stackable(specs: list[RunSpec]) -> bool:
+    """Whether these runs can be stepped together: one batchable method and configuration on one
+    federation, differing in the run seed only."""
+    first = specs[0]
+    same = {(s.method, s.config_key, s.dataset, s.scheme, s.clients, s.data_seed, s.rounds, s.local_epochs) for s in specs}
+    return len(same) == 1 and len({s.seed for s in specs}) == len(specs) and method_class(first.method).batchable
+
+
+def run_together(
+    specs: list[RunSpec],
+    data: FederatedData,
+    device: torch.device,
+    on_round: Callable[[RunSpec, int, float, float], None] | None = None,
+    snapshot_rounds: frozenset[int] = frozenset(),
+    snapshot_dir: Path | None = None,
+    batched: bool = False,
+    sparse_features: bool = False,
+) -> list[dict]:
+    """Train several runs of one configuration that differ in their seed, stacked along a seed axis:
+    every client of every run in one batched pass per epoch (gfl_bench/batched.py), each run with
+    its own server and random streams (gfl_bench/randomness.py), so each record equals the one the
+    run gives alone (`run`), up to float summation order. One spec is the plain `run`.
+
+    Timings: configure and aggregation are each run's own; the shared local training and evaluation
+    are split evenly, so `seconds_per_round` is the run's share of the stacked round (the record's
+    `stacked_runs` says how many shared it).
+    """
+    if len(specs) > 1 and not (batched and stackable(specs)):
+        raise ValueError("only runs of one batchable configuration differing in their seed stack, with batched=True")
+    method = method_class(specs[0].method)
     started = time.time()
-    seed_everything(spec.seed, device)
-    graphs = data.on_device(spec.params, device)
-    if sparse_features:
-        for graph in graphs:  # shallow copies: the shared prepared graphs stay dense-only
-            graph.x_sparse = graph.x.to_sparse_csr()
-    setup = Setup(
-        num_features=data.num_features,
-        num_classes=data.num_classes,
-        num_clients=len(graphs),
-        rounds=spec.rounds,
-        local_epochs=spec.local_epochs,
-        device=device,
-        seed=spec.seed,
-    )
-    template = build_backbone(spec.params, data.num_features, data.num_classes).to(device)
-    server = method.server(copy.deepcopy(template), spec.params, setup)
-    clients = [method.client(cid, g, copy.deepcopy(template), spec.params, setup) for cid, g in enumerate(graphs)]
-    client_ids = list(range(len(clients)))
-    together = batched_training(clients, spec.params.backbone) if batched and method.batchable else None
+    parties: list[_Party] = []
+    for spec in specs:
+        seed_everything(spec.seed, device)
+        graphs = data.on_device(spec.params, device)
+        if sparse_features:
+            for graph in graphs:  # shallow copies: the shared prepared graphs stay dense-only
+                graph.x_sparse = graph.x.to_sparse_csr()
+        setup = Setup(
+            num_features=data.num_features,
+            num_classes=data.num_classes,
+            num_clients=len(graphs),
+            rounds=spec.rounds,
+            local_epochs=spec.local_epochs,
+            device=device,
+            seed=spec.seed,
+        )
+        template = build_backbone(spec.params, data.num_features, data.num_classes).to(device)
+        server = method.server(copy.deepcopy(template), spec.params, setup)
+        clients = [method.client(cid, g, copy.deepcopy(template), spec.params, setup) for cid, g in enumerate(graphs)]
+        randomness = RunRandomness(device) if len(specs) > 1 else SharedRandomness()
+        parties.append(_Party(spec, server, clients, randomness))
+    everyone = [client for party in parties for client in party.clients]
+    streams = [(party.randomness, len(party.clients)) for party in parties]
+    together = batched_training(everyone, specs[0].params.backbone, streams) if batched and method.batchable else None
+    if together is None and len(specs) > 1:
+        raise ValueError(f"{specs[0].method}'s clients cannot be batched here, so its runs cannot stack")
     metric = metric_fn(data.metric)
+    graphs = [c.graph for c in parties[0].clients]
     val_counts = torch.tensor([float(g.val_mask.sum()) for g in graphs], device=device)
     test_counts = torch.tensor([float(g.test_mask.sum()) for g in graphs], device=device)
+    client_ids = list(range(len(graphs)))
+    share = 1.0 / len(parties)
 
-    curves: dict[str, list[float]] = {k: [] for k in ("val", "test", "val_weighted", "test_weighted")}
-    client_curves: dict[str, list[list[float]]] = {"val": [], "test": []}
-    seconds: list[float] = []
-    phases: dict[str, list[float]] = {k: [] for k in ("configure", "fit", "aggregate", "evaluate")}
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    bytes_up: list[int] = []
-    bytes_down: list[int] = []
-    diagnostics: dict[str, list[float]] = {}
-    for index in range(spec.rounds):
+    for index in range(specs[0].rounds):
         _sync(device)
         tic = time.perf_counter()
-        up = down = 0
-        spent = dict.fromkeys(("configure", "fit", "aggregate"), 0.0)
-        for stage in range(server.stages(index)):
+        own = {id(p): dict.fromkeys(("configure", "aggregate"), 0.0) for p in parties}
+        shared = {"fit": 0.0}
+        traffic = {id(p): [0, 0] for p in parties}  # bytes down, up
+        for stage in range(parties[0].server.stages(index)):
             rnd = Round(index, stage)
-            with _timed(spent, "configure", device):
-                downloads = server.configure(rnd, client_ids)
-            uploads = {}
-            with _timed(spent, "fit", device):
+            downloads = {}
+            for p in parties:
+                with p.randomness.active(), _timed(own[id(p)], "configure", device):
+                    downloads[id(p)] = p.server.configure(rnd, client_ids)
+            uploads: dict[int, dict] = {id(p): {} for p in parties}
+            with _timed(shared, "fit", device):
                 if together is None:
-                    for cid, client in enumerate(clients):
-                        message, size = clone_message(downloads[cid])
-                        down += size
-                        uploads[cid], size = clone_message(client.fit(rnd, message))
-                        up += size
+                    p = parties[0]
+                    for cid, client in enumerate(p.clients):
+                        message, size = clone_message(downloads[id(p)][cid])
+                        traffic[id(p)][0] += size
+                        uploads[id(p)][cid], size = clone_message(client.fit(rnd, message))
+                        traffic[id(p)][1] += size
                 else:  # the same receive / train / upload, with every client's training in one pass
-                    for cid, client in enumerate(clients):
-                        message, size = clone_message(downloads[cid])
-                        down += size
-                        client.receive(rnd, message)
+                    for p in parties:
+                        with p.randomness.active():
+                            for cid, client in enumerate(p.clients):
+                                message, size = clone_message(downloads[id(p)][cid])
+                                traffic[id(p)][0] += size
+                                client.receive(rnd, message)
                     together.train_round()
-                    for cid, client in enumerate(clients):
-                        uploads[cid], size = clone_message(client.upload())
-                        up += size
-            with _timed(spent, "aggregate", device):
-                server.aggregate(rnd, uploads)
+                    for p in parties:
+                        with p.randomness.active():
+                            for cid, client in enumerate(p.clients):
+                                uploads[id(p)][cid], size = clone_message(client.upload())
+                                traffic[id(p)][1] += size
+            for p in parties:
+                with p.randomness.active(), _timed(own[id(p)], "aggregate", device):
+                    p.server.aggregate(rnd, uploads[id(p)])
         _sync(device)
-        seconds.append(time.perf_counter() - tic)
-        for name, value in spent.items():
-            phases[name].append(value)
-        bytes_up.append(up)
-        bytes_down.append(down)
-        for name, value in server.diagnostics().items():
-            diagnostics.setdefault(name, []).append(float(value))
-        if index in snapshot_rounds and snapshot_dir is not None:
-            _save_snapshot(server.snapshot(), Path(snapshot_dir) / spec.run_key / f"round{index}.pt")
+        elapsed = time.perf_counter() - tic
+        own_total = sum(sum(spent.values()) for spent in own.values())
+        for p in parties:
+            p.seconds.append(sum(own[id(p)].values()) + share * (elapsed - own_total))
+            p.phases["configure"].append(own[id(p)]["configure"])
+            p.phases["fit"].append(share * shared["fit"])
+            p.phases["aggregate"].append(own[id(p)]["aggregate"])
+            p.bytes_down.append(traffic[id(p)][0])
+            p.bytes_up.append(traffic[id(p)][1])
+            for name, value in p.server.diagnostics().items():
+                p.diagnostics.setdefault(name, []).append(float(value))
+            if index in snapshot_rounds and snapshot_dir is not None:
+                _save_snapshot(p.server.snapshot(), Path(snapshot_dir) / p.spec.run_key / f"round{index}.pt")
 
         evaluated = time.perf_counter()
-        val, test, finite = _evaluate(clients, metric, together.predict() if together is not None else None)
-        means = torch.stack([_nanmean(val), _nanmean(test), _nanmean(val, val_counts), _nanmean(test, test_counts)])
-        host = torch.cat([means, val, test, finite.reshape(1)]).tolist()  # the one host sync per round
-        summary, all_finite = host[:4], host[-1]
-        client_curves["val"].append(host[4 : 4 + len(clients)])
-        client_curves["test"].append(host[4 + len(clients) : -1])
-        phases["evaluate"].append(time.perf_counter() - evaluated)  # the host sync above ends it
-        if not all_finite:
-            raise RunFailed(f"non-finite predictions at round {index} (diverged training: NaN or inf)")
-        for key, value in zip(curves, summary):
-            curves[key].append(value)
-        if on_round is not None:
-            on_round(index, summary[0], summary[1])
+        logits = together.predict() if together is not None else None
+        first = 0
+        for p in parties:
+            own_logits = logits[first : first + len(p.clients)] if logits is not None else None
+            first += len(p.clients)
+            val, test, finite = _evaluate(p.clients, metric, own_logits)
+            means = torch.stack([_nanmean(val), _nanmean(test), _nanmean(val, val_counts), _nanmean(test, test_counts)])
+            host = torch.cat([means, val, test, finite.reshape(1)]).tolist()  # the one host sync per run and round
+            summary, all_finite = host[:4], host[-1]
+            p.client_curves["val"].append(host[4 : 4 + len(p.clients)])
+            p.client_curves["test"].append(host[4 + len(p.clients) : -1])
+            if not all_finite:
+                raise RunFailed(f"non-finite predictions at round {index} (diverged training: NaN or inf)")
+            for key, value in zip(p.curves, summary):
+                p.curves[key].append(value)
+            if on_round is not None:
+                on_round(p.spec, index, summary[0], summary[1])
+        for p in parties:
+            p.phases["evaluate"].append(share * (time.perf_counter() - evaluated))  # the host syncs above end it
+    execution = "batched" if together is not None else "per-client"
+    return [_record(p, data, device, started, execution, sparse_features, len(parties)) for p in parties]
 
+
+def _record(
+    party: _Party, data: FederatedData, device: torch.device, started: float, execution: str, sparse_features: bool, stacked: int
+) -> dict:
+    """The stored record of one finished run (gfl_bench/store.py lists the fields)."""
+    curves = party.curves
     best = best_round(curves["val"])
-    val_client_best, test_client_best = per_client_best(client_curves["val"], client_curves["test"])
+    val_client_best, test_client_best = per_client_best(party.client_curves["val"], party.client_curves["test"])
     return {
-        **_identity(spec),
+        **_identity(party.spec),
         "metric": data.metric,
         "status": "ok",
         "best_round": best,
@@ -263,15 +333,16 @@ def run(
         "val_client_best": val_client_best,
         "test_client_best": test_client_best,
         "curves": curves,
-        "client_curves": client_curves,
-        "seconds_per_round": seconds,
-        "seconds_per_phase": phases,
-        "execution": "batched" if together is not None else "per-client",
+        "client_curves": party.client_curves,
+        "seconds_per_round": party.seconds,
+        "seconds_per_phase": party.phases,
+        "execution": execution,
+        "stacked_runs": stacked,
         "features": "sparse" if sparse_features else "dense",
         "peak_memory_bytes": peak_memory(device),
-        "bytes_up": bytes_up,
-        "bytes_down": bytes_down,
-        "diagnostics": diagnostics,
+        "bytes_up": party.bytes_up,
+        "bytes_down": party.bytes_down,
+        "diagnostics": party.diagnostics,
         "partition_hash": data.partition.digest(),
         "started_at": started,
         "finished_at": time.time(),

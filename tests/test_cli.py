@@ -15,6 +15,8 @@ BAD_INPUTS = [
     (["run", "-m", "fedavg", "-d", "tiny", "--partition", "louvain"], "unknown partition scheme"),
     (["run", "-m", "fedavg", "-d", "tiny", "--clients", "five"], "integers"),
     (["run", "-m", "fedavg", "-d", "tiny", "--seeds", "0"], "--seeds"),
+    (["run", "-m", "fedavg", "-d", "tiny", "--stack-seeds", "0"], "--stack-seeds"),
+    (["sweep", "-m", "fedavg", "-d", "tiny", "--stack-seeds", "-1"], "--stack-seeds"),
     (["run", "-m", "fedavg", "-d", "tiny", "--set", "fedavg.nope=1"], "no parameter 'nope'"),
     (["run", "-m", "fedavg", "-d", "tiny", "--set", "fedavg.lr=fast"], "expects float"),
     (["run", "-m", "fedavg", "-d", "tiny", "--set", "fedavg.backbone=mlp"], "unknown backbone"),
