@@ -2,6 +2,7 @@
 
     python bench/peer_openfgl.py --rounds 15                    # OpenFGL installed in the venv
     python bench/peer_openfgl.py --openfgl /path/to/OpenFGL    # or a clone put on sys.path
+    python bench/peer_openfgl.py --batched                      # gflbench side on its batched path
 
 Getting OpenFGL without disturbing gflbench's pinned packages (its pyproject declares only
 `requests`, so `--no-deps` loses nothing it needs for these five methods):
@@ -107,6 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (both sides)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batched", action="store_true", help="gflbench side: train a batchable method's clients together")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per measurement process")
     parser.add_argument("--openfgl", default="", help="an OpenFGL clone to put on sys.path (else: the installed one)")
     parser.add_argument("--root", default="", help="OpenFGL's dataset root (default: a temporary folder, removed after)")
@@ -171,6 +173,7 @@ def _spawn(args: argparse.Namespace, side: str, method: str, root: Path) -> dict
     command = [sys.executable, __file__, "--worker", side, "--method", method, "--root", str(root)]
     for name in ("rounds", "clients", "hidden", "epochs", "lr", "weight_decay", "seed", "device", "threads", "openfgl"):
         command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    command += ["--batched"] if args.batched else []
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -207,9 +210,10 @@ def measure_gflbench(args: argparse.Namespace) -> dict:
     overrides = {"hidden": str(args.hidden), "lr": str(args.lr), "weight_decay": str(args.weight_decay)}
     spec = make_spec(args.method, "cora", "metis", args.clients, args.seed, overrides, args.rounds, args.epochs)
     clock = RoundClock()
-    record = run(spec, data, resolve_device(args.device), on_round=lambda *_: clock.mark())
+    record = run(spec, data, resolve_device(args.device), on_round=lambda *_: clock.mark(), batched=args.batched)
     setup = clock.wall[0] - tic
-    return {**clock.rounds(), "setup": setup, "test": record["test"], "backbone": spec.params.backbone}
+    return {**clock.rounds(), "setup": setup, "test": record["test"], "backbone": spec.params.backbone,
+            "execution": record["execution"]}  # fmt: skip
 
 
 class RoundClock:
@@ -332,7 +336,8 @@ def print_table(args: argparse.Namespace, methods: list[str], results: dict[tupl
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {args.threads} torch thread(s), {args.device}"
     print(f"Cora, METIS {args.clients} clients, GCN hidden {args.hidden}, {args.epochs} local epochs, lr {args.lr}, "
           f"weight decay {args.weight_decay}, {args.rounds} rounds ({args.warmup} warm-up left out), evaluation every round "
-          f"included; {machine}; torch {torch.__version__}; median (mean) over rounds; ratio = gflbench / OpenFGL")  # fmt: skip
+          f"included; {machine}; torch {torch.__version__}; median (mean) over rounds; ratio = gflbench / OpenFGL"
+          f"{'; gflbench batched where the method batches (execution noted below)' if args.batched else ''}")  # fmt: skip
     print()
     print("| method | gflbench wall s/round | OpenFGL wall s/round | ratio wall | gflbench CPU s/round | OpenFGL CPU s/round "
           "| ratio CPU | set-up s (gflbench / OpenFGL) | peak RSS MB (gflbench / OpenFGL) |")  # fmt: skip
@@ -351,6 +356,8 @@ def print_table(args: argparse.Namespace, methods: list[str], results: dict[tupl
         setup = " / ".join(f"{r['setup']:.1f}" if "setup" in r else "—" for r in (ours, theirs))
         peak = " / ".join(f"{r['peak_rss_mb']:.0f}" if "error" not in r else "—" for r in (ours, theirs))
         print(f"| {method} | " + " | ".join(cells) + f" | {setup} | {peak} |")
+    if args.batched:
+        notes += [f"{m}, gflbench execution: {results['gflbench', m].get('execution', '—')}" for m in methods]
     stubbed = sorted({s for (side, _), r in results.items() if side == "openfgl" for s in r.get("stubbed", [])})
     if stubbed:
         notes.append(f"OpenFGL ran with stubs for {', '.join(stubbed)} (not installed)")
