@@ -18,11 +18,21 @@ def model_state(model: nn.Module, exclude_prefix: str | None = None) -> dict[str
 
 
 def load_model_state(model: nn.Module, state: dict[str, Tensor]) -> None:
-    """Copy `state` into the model in place (optimiser state keeps pointing at the same tensors)."""
-    unexpected = set(state) - set(model.state_dict())
+    """Copy `state` into the model in place (optimiser state keeps pointing at the same tensors).
+
+    A direct copy into the named parameters and buffers: `load_state_dict` spends about 1 ms of key
+    matching per call, which is every client's every round (a fifth of a batched Cora-20 round)."""
+    targets = dict(model.named_parameters())
+    targets.update(model.named_buffers())
+    unexpected = state.keys() - targets.keys()
     if unexpected:
         raise KeyError(f"state has keys the model lacks: {sorted(unexpected)}")
-    model.load_state_dict(state, strict=False)
+    with torch.no_grad():
+        for name, value in state.items():
+            target = targets[name]
+            if target.shape != value.shape:
+                raise ValueError(f"{name}: state has shape {tuple(value.shape)}, the model {tuple(target.shape)}")
+            target.copy_(value)
 
 
 def weighted_mean(states: Sequence[dict[str, Tensor]], weights: Tensor) -> dict[str, Tensor]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
@@ -32,6 +33,14 @@ def test_model_state_excludes_head_and_loads_in_place():
     load_model_state(model, {k: torch.zeros_like(v) for k, v in shared.items()})
     assert model.conv1.lin.weight is param and torch.count_nonzero(param) == 0
     assert torch.count_nonzero(model.classifier.weight) > 0
+
+
+def test_loading_a_state_of_another_shape_or_key_is_an_error():
+    model = GCN(5, 8, 3, 0.5)
+    with pytest.raises(ValueError, match="conv1.lin.weight"):  # would broadcast silently with copy_
+        load_model_state(model, {"conv1.lin.weight": torch.zeros(1, 5)})
+    with pytest.raises(KeyError, match="nope"):
+        load_model_state(model, {"nope": torch.zeros(1)})
 
 
 def test_clone_message_copies_and_counts_bytes():
