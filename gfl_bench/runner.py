@@ -1,4 +1,5 @@
-"""The federated runner: one RunSpec in, one run record out.
+"""The federated runner: one RunSpec in, one run record out (`run`); or several seeds of one
+batchable configuration stepped together, one record each (`run_together`, `--stack-seeds`).
 
 Protocol (docs/protocol.md): every client takes part in every round; per round the method's
 exchanges run, then each client's own model, right after its local training, is evaluated on its
