@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import ot
 import torch
 from torch import Tensor
 from torch.nn import functional as F
@@ -231,6 +230,8 @@ def sinkhorn_assignment(costs: Tensor, reg: float, relative: bool = True, margin
     The plan is solved in NumPy: on a B×Q matrix POT's NumPy backend is twice as fast as its torch one
     on a CPU, and on a GPU the copy is one transfer per client and round (F is solved once per round).
     """
+    import ot  # here, not at module level: POT loads scikit-learn, 90 MB of RSS that runs of other methods need not pay
+
     rows, cols = costs.shape
     matrix = costs.detach().double().cpu().numpy()
     if relative:
