@@ -77,6 +77,17 @@ def test_tiny_grid_runs_skips_and_tabulates(env):
     assert "±" not in other.stdout
 
 
+def test_stacked_seeds_are_stored_one_record_each(env):
+    args = ["run", "-m", "fedavg", "-d", "tiny", "--clients", "5", "--seeds", "3", "--rounds", "2", "--stack-seeds", "2"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    records = RunStore(env / "runs.sqlite").frame()
+    assert sorted(records["seed"]) == [0, 1, 2] and set(records["status"]) == {"ok"}
+    with RunStore(env / "runs.sqlite") as store:
+        stacked = sorted(r["stacked_runs"] for r in store.records(records["run_key"]))
+    assert stacked == [1, 2, 2]  # seeds 0 and 1 together, seed 2 alone
+
+
 def test_partitions_and_methods_and_datasets_print(env):
     runner = CliRunner()
     parts = runner.invoke(app, ["partitions", "-d", "tiny", "--scheme", "overlap", "--clients", "10"])
