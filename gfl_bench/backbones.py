@@ -17,7 +17,7 @@ from torch_geometric.data import Data
 from torch_geometric.nn import GCNConv, SAGEConv
 
 from gfl_bench.errors import UserError
-from gfl_bench.graph_ops import EdgeOperators, binary_adjacency, edge_dots, edge_weighted_sum, gcn_adjacency, h2gcn_adjacencies
+from gfl_bench.graph_ops import binary_adjacency, gcn_adjacency, h2gcn_adjacencies
 
 
 def input_layer(graph: Data, linear: nn.Module) -> Tensor:
@@ -487,20 +487,18 @@ def neighbourhood_routing(z: Tensor, edge_index: Tensor, iterations: int, tau: f
 
     ẑ_{i,k} = z_{i,k} / ‖z_{i,k}‖; c_{u,k} starts at ẑ_{u,k}; then `iterations` times, for every edge v → u:
         p_{v,k} = softmax_k(ẑ_{v,k}ᵀ c_{u,k} / τ),   c_{u,k} = normalise(ẑ_{u,k} + Σ_{v→u} p_{v,k} ẑ_{v,k}).
-    Factor-major, with the edge terms as sampled and sparse products per factor (`graph_ops.edge_dots`,
-    `edge_weighted_sum`): memory and time scale with E·K + N·K·h, and no [E, K, h] gather or N × N
-    matrix is built; an isolated node returns ẑ_u.
+    Vectorised over edges (gather + index_add, no N × N matrix); an isolated node returns ẑ_u.
     Shapes: z [N, K, h], edge_index [2, E] (row 0 = source v, row 1 = target u) → c [N, K, h].
     """
-    unit = F.normalize(z, dim=2).transpose(0, 1).contiguous()  # ẑ factor-major [K, N, h]
-    if iterations == 0 or edge_index.shape[1] == 0:
-        return unit.transpose(0, 1)
-    ops = EdgeOperators(edge_index, z.shape[0])
+    unit = F.normalize(z, dim=2)  # ẑ [N, K, h]
+    source, target = edge_index
+    neighbour = unit.index_select(0, source)  # ẑ_v per edge [E, K, h]
     centre = unit
     for _ in range(iterations):
-        p = torch.softmax(edge_dots(centre, unit, ops) / tau, dim=1)  # [E, K], over factors per edge
-        centre = F.normalize(unit + edge_weighted_sum(p, unit, ops), dim=2)  # [K, N, h]
-    return centre.transpose(0, 1)
+        affinity = (neighbour * centre.index_select(0, target)).sum(dim=2) / tau  # [E, K]
+        p = torch.softmax(affinity, dim=1)  # over factors, per edge
+        centre = F.normalize(unit.index_add(0, target, neighbour * p.unsqueeze(2)), dim=2)  # [N, K, h]
+    return centre
 
 
 class DisenGCN(Backbone):
@@ -527,6 +525,7 @@ class DisenGCN(Backbone):
     # them factor by factor); parameters not listed (the classifier bias) have no factor structure.
     factor_axes: ClassVar[dict[str, int]] = {"projection.weight": 0, "projection.bias": 0, "classifier.weight": 1}
     defaults: ClassVar[dict[str, Any]] = {"factors": 2, "routing_layers": 5, "routing_iters": 6, "routing_tau": 1.0}
+    checkpoint_above: ClassVar[int] = 2**24  # E·K·h above which routing layers are recomputed for backward (64 MB per gather)
 
     def __init__(
         self, in_dim: int, hidden: int, num_classes: int, dropout: float, factors: int = 2, base_layers: int = 1,
@@ -561,8 +560,15 @@ class DisenGCN(Backbone):
         return F.dropout(F.leaky_relu(h), self.dropout, self.training)
 
     def _route(self, z: Tensor, graph: Data, layers: int) -> Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        # Autograd would keep T gathered [E, K, h] tensors per layer; on large clients (arxiv-sized: GBs)
+        # each layer is recomputed in the backward pass instead (same numbers, one extra forward).
+        recompute = z.requires_grad and graph.edge_index.shape[1] * z[0].numel() > self.checkpoint_above
         for _ in range(layers):
-            z = self._activate(neighbourhood_routing(z, graph.edge_index, self.iterations, self.tau))
+            args = (z, graph.edge_index, self.iterations, self.tau)
+            z = checkpoint(neighbourhood_routing, *args, use_reentrant=False) if recompute else neighbourhood_routing(*args)
+            z = self._activate(z)
         return z
 
     def factor_embeddings(self, graph: Data) -> Tensor:
