@@ -11,7 +11,7 @@
 #      values up to float rounding (|Δ| < 0.5 points after 5 rounds on Cora).
 #   3. round-time table on the device (bench/round_time.py), merged into a CSV that can be copied
 #      to bench/round_times.csv for `gflbench sweep --dry-run`.
-#   3b. batched clients against the per-client path at 5 and 50 clients (bench/batched.py).
+#   3b. batched clients against the per-client path at 5 and 50 clients (bench/batched.py; 5 and 10 in smoke mode).
 #   3c. seeds stacked in one process (--stack-seeds) against one run at a time (bench/stacked_seeds.py).
 #   4. sweep throughput: local, fedavg and fedgmc on Cora, 17 seeds (51 runs), 4 workers, into a
 #      temporary store; runs per minute.
@@ -32,11 +32,11 @@ trap 'rm -rf "$WORK"' EXIT
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 if [[ $DEVICE == cuda* ]]; then
-    DATASET=cora; CLIENTS=10; ROUNDS=20; SEEDS=17; WORKERS=4; PARITY_ROUNDS=5; SWEEP_ROUNDS=""
+    DATASET=cora; CLIENTS=10; ROUNDS=20; SEEDS=17; WORKERS=4; PARITY_ROUNDS=5; SWEEP_ROUNDS=""; BATCH_COUNTS="5 50"
     TESTS="tests/test_runner.py tests/test_backbones.py tests/test_methods.py tests/test_stacking.py"
     METHODS=""  # the round-time table: every registered method
 else  # smoke mode: every step at a size a busy CPU finishes in a minute or two
-    DATASET=tiny; CLIENTS=5; ROUNDS=3; SEEDS=2; WORKERS=2; PARITY_ROUNDS=2; SWEEP_ROUNDS="--rounds 3"
+    DATASET=tiny; CLIENTS=5; ROUNDS=3; SEEDS=2; WORKERS=2; PARITY_ROUNDS=2; SWEEP_ROUNDS="--rounds 3"; BATCH_COUNTS="5 10"
     TESTS="tests/test_runner.py"
     METHODS="fedavg"
 fi
@@ -96,7 +96,7 @@ step round_time 120 python bench/round_time.py --dataset "$DATASET" --clients "$
     --device "$DEVICE" ${METHODS:+--methods $METHODS} --out "$OUT_DIR/round_times_$DEVICE.csv"
 
 # 3b. batched clients against per-client on the device, 5 and 50 clients (the growth the speed goal bounds)
-for count in 5 50; do
+for count in $BATCH_COUNTS; do
     step "batched_$count" 60 python bench/batched.py --dataset "$DATASET" --clients "$count" --rounds 6 --repeats 2 \
         --methods fedavg,fedprox,gcfl,fedpub --device "$DEVICE"
 done
@@ -123,8 +123,8 @@ note "sweep.runs_per_minute" "$(python -c "print(f'{$runs / (($sweep_end - $swee
     echo "## round-time table ($DEVICE, $DATASET, $CLIENTS clients, $ROUNDS rounds)"
     cat "$WORK/round_time.log"
     echo
-    echo "## batched clients against per-client ($DEVICE, $DATASET, 5 and 50 clients)"
-    cat "$WORK/batched_5.log" "$WORK/batched_50.log"
+    echo "## batched clients against per-client ($DEVICE, $DATASET, ${BATCH_COUNTS// / and } clients)"
+    for count in $BATCH_COUNTS; do cat "$WORK/batched_$count.log"; done
     echo
     echo "## seeds stacked in one process ($DEVICE, $DATASET, $CLIENTS clients)"
     cat "$WORK/stacked.log"
