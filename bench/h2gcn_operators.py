@@ -13,27 +13,17 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
-import time
 
 import torch
 
 from gfl_bench.graph_ops import dense_if_no_larger, h2gcn_adjacencies
 from gfl_bench.runner import DataCache, resolve_device
+from timing import forward_backward_ms
 
 
 def product_ms(operator: torch.Tensor, x: torch.Tensor, repeats: int) -> float:
     """Median ms of (operator @ x).sum() and its backward into x."""
-    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
-    times = []
-    for _ in range(repeats + 2):
-        x.grad = None
-        sync()
-        start = time.perf_counter()
-        (operator @ x).sum().backward()
-        sync()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times[2:])
+    return forward_backward_ms(lambda: operator @ x, x, repeats, warmup=2)
 
 
 def main() -> None:

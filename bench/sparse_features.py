@@ -12,26 +12,17 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
-import time
 
 import torch
 
 from gfl_bench.runner import DataCache, resolve_device
+from timing import forward_backward_ms
 
 
 def layer_ms(x: torch.Tensor, weight: torch.Tensor, repeats: int) -> float:
     """Median ms of y = x Wᵀ and the backward pass into W."""
-    sync = torch.cuda.synchronize if weight.is_cuda else (lambda: None)
-    times = []
-    for _ in range(repeats + 3):
-        weight.grad = None
-        sync()
-        start = time.perf_counter()
-        (x @ weight.T if not x.is_sparse and x.layout == torch.strided else torch.sparse.mm(x, weight.T)).sum().backward()
-        sync()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times[3:])
+    dense = not x.is_sparse and x.layout == torch.strided
+    return forward_backward_ms(lambda: x @ weight.T if dense else torch.sparse.mm(x, weight.T), weight, repeats, warmup=3)
 
 
 def main() -> None:
