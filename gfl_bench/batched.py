@@ -24,7 +24,9 @@ most, a `TrainingClient.penalty` of the client's own parameters):
   dense), and the classifier one `bmm`.
   Its clients' objective may read the representations (FedGMC's calibration losses), so each
   client's `TrainingClient.objective` is called on its own slice of the batch's representations
-  and logits; only the network's arithmetic is batched.
+  and logits; only the network's arithmetic is batched, and what the objectives hold constant for
+  the round is solved for each run's clients at once first (`TrainingClient.solve_together`:
+  FedGMC's Sinkhorn plans in one batched POT solve).
 - The clients may belong to several runs of one configuration (seeds stacked by
   `runner.run_together`): each run's dropout masks are drawn from its own random streams
   (`streams`, gfl_bench/randomness.py), so each run sees the numbers it would see alone.
@@ -271,12 +273,18 @@ class BatchedH2GCNTraining(BatchedTraining):
         per_client = zip(*(t.unbind(0) for t in (reps.ego, reps.hop1, reps.hop2, reps.combined, logits)))
         penalised = type(self.clients[0]).penalty is not TrainingClient.penalty
         parameters = self.client_parameters(self.stacks) if penalised else [{}] * len(self.clients)
+        slices = [
+            (H2GCNRepresentations(ego[:size], hop1[:size], hop2[:size], combined[:size]), client_logits[:size])
+            for size, (ego, hop1, hop2, combined, client_logits) in zip(self.sizes, per_client)
+        ]
+        first = 0
+        for _, count in self.streams:  # per run: a stacked run's constants must not depend on its companions
+            runs_clients = self.clients[first : first + count]
+            type(runs_clients[0]).solve_together(runs_clients, [own for own, _ in slices[first : first + count]])
+            first += count
         total = torch.zeros((), device=logits.device)
-        for client, size, own_parameters, (ego, hop1, hop2, combined, client_logits) in zip(
-            self.clients, self.sizes, parameters, per_client
-        ):
-            own = H2GCNRepresentations(ego[:size], hop1[:size], hop2[:size], combined[:size])
-            objective = client.objective(client_logits[:size], own)
+        for client, own_parameters, (own, client_logits) in zip(self.clients, parameters, slices):
+            objective = client.objective(client_logits, own)
             total = total + (client.with_penalty(objective, own_parameters) if penalised else objective)
         return total
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -52,6 +52,13 @@ class TrainingClient(Client):
         nodes. The batched path calls it with this client's slice of a batched forward, and for
         backbones that expose them (H2GCN), its `representations`, which FedGMC's losses read."""
         return F.cross_entropy(logits[self.train_index], self.graph.y[self.train_index])
+
+    @classmethod
+    def solve_together(cls, clients: Sequence[TrainingClient], representations: Sequence[Any]) -> None:
+        """Solve, for the clients of one run at once, what each client's `objective` would otherwise solve
+        alone: a constant of the objective held for the round (FedGMC's Sinkhorn plans). The batched
+        path calls it before the clients' objectives, with each client's slice of the representations;
+        an override must leave every client as its own objective would have. Default: nothing to solve."""
 
     def with_penalty(self, loss: Tensor, parameters: Mapping[str, Tensor]) -> Tensor:
         """`loss` plus this client's `penalty` of `parameters`, if it has one."""

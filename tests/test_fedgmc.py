@@ -24,6 +24,7 @@ from methods.fedgmc import (
     refine_templates,
     simplex_etf,
     sinkhorn_assignment,
+    sinkhorn_assignments,
     two_point_wasserstein,
 )
 from parties import build_parties
@@ -158,6 +159,47 @@ def test_sinkhorn_plan_marginals() -> None:
     standardised = ((costs - costs.mean()) / costs.std(unbiased=False)).numpy()
     plan = ot.sinkhorn(np.full(40, 1 / 40), np.full(6, 1 / 6), standardised, 0.05, stopThr=1e-6)
     assert np.allclose(assignment.numpy(), 40 * plan, atol=1e-10)  # it is POT's Sinkhorn-Knopp plan
+
+
+def test_batched_sinkhorn_gives_each_problem_its_own_plan() -> None:
+    """Three problems of different cost scales in one `ot.solve_batch`: each plan is the one
+    `sinkhorn_assignment` solves alone, to within the shared stopping tolerance."""
+    templates = random_templates(6, 8, generator(4)).double()
+    costs = torch.stack([two_point_wasserstein(unit_rows(40, 2, 8, seed=s), templates) * scale for s, scale in ((3, 1.0), (5, 7.0), (9, 0.2))])
+    together = sinkhorn_assignments(costs, reg=0.05)
+    assert together.shape == (3, 40, 6)
+    for problem, plan in zip(costs.unbind(0), together.unbind(0)):
+        alone = sinkhorn_assignment(problem, reg=0.05)
+        assert (plan - alone).abs().max() < 1e-3  # entries of a row-stochastic F; the marginals agree to 1e-6 · 40
+        assert torch.allclose(plan.sum(0), torch.full((6,), 40 / 6, dtype=plan.dtype), atol=1e-4)
+    first = sinkhorn_assignments(costs[:1], reg=0.05)[0]
+    assert (first - together[0]).abs().max() < 1e-3  # a companion problem changes a plan only below the tolerance
+
+
+def test_batched_path_solves_a_rounds_plans_together(tiny_federation, cpu, monkeypatch) -> None:
+    """In the batched path FedGMC's clients get their F_m from one batched solve per round (none solves
+    its own); the unbalanced solver, which POT has no batched form of, stays per client."""
+    import methods.fedgmc as fedgmc
+    from gfl_bench.runner import run
+    from gfl_bench.spec import make_spec
+
+    calls = {"alone": 0, "together": 0}
+    alone, together = fedgmc.sinkhorn_assignment, fedgmc.sinkhorn_assignments
+
+    def count(name, solver):
+        def counted(*args, **kwargs):
+            calls[name] += 1
+            return solver(*args, **kwargs)
+        return counted
+
+    monkeypatch.setattr(fedgmc, "sinkhorn_assignment", count("alone", alone))
+    monkeypatch.setattr(fedgmc, "sinkhorn_assignments", count("together", together))
+    record = run(make_spec("fedgmc", "tiny", "metis", 5, 0, rounds=3, local_epochs=2), tiny_federation, cpu, batched=True)
+    assert record["execution"] == "batched"
+    assert calls == {"alone": 0, "together": 3}  # one per round; the second epoch keeps the round's plans
+    calls.update(alone=0, together=0)
+    run(make_spec("fedgmc", "tiny", "metis", 5, 0, {"sinkhorn_marginal": "0.5"}, rounds=3), tiny_federation, cpu, batched=True)
+    assert calls == {"alone": 15, "together": 0}
 
 
 def test_unbalanced_sinkhorn_is_row_stochastic_and_lets_templates_differ_in_mass() -> None:
