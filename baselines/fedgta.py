@@ -42,7 +42,7 @@ Choices and differences from the official code (docs/baselines/fedgta.md):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -50,7 +50,7 @@ from torch import Tensor
 from torch.nn import functional as F
 from torch_geometric.data import Data
 
-from gfl_bench.aggregation import load_model_state, model_state
+from gfl_bench.aggregation import load_model_state, mixtures, model_state
 from gfl_bench.backbones import Backbone
 from gfl_bench.errors import UserError
 from gfl_bench.graph_ops import binary_adjacency, gcn_adjacency
@@ -176,17 +176,6 @@ def mixing_matrix(accept: Tensor, confidence: Tensor) -> Tensor:
     return torch.where(total > 0, w / total.clamp(min=1e-300), uniform)
 
 
-def mix_states(states: Sequence[dict[str, Tensor]], mix: Tensor) -> list[dict[str, Tensor]]:
-    """[Σ_j mix_ij θ_j for each row i]: every personalised model in one product per parameter tensor."""
-    mixed: list[dict[str, Tensor]] = [{} for _ in range(mix.shape[0])]
-    for key in states[0]:
-        stacked = torch.stack([s[key] for s in states])  # [M, *shape]
-        flat = mix.to(stacked.device) @ stacked.reshape(len(states), -1).double()  # [M, numel]
-        for row, out in enumerate(mixed):
-            out[key] = flat[row].view(stacked.shape[1:]).to(stacked.dtype)
-    return mixed
-
-
 # --- the parties ----------------------------------------------------------------------------------------
 
 
@@ -240,7 +229,7 @@ class FedGTAServer(Server):
         ids = list(uploads)
         self.accept = acceptance_sets(torch.stack([uploads[cid]["moments"] for cid in ids]), self.params.accept)
         self.mix = mixing_matrix(self.accept, torch.stack([uploads[cid]["confidence"] for cid in ids]))
-        mixed = mix_states([uploads[cid]["weights"] for cid in ids], self.mix)
+        mixed = mixtures([uploads[cid]["weights"] for cid in ids], self.mix)
         self.personalised.update(zip(ids, mixed))
 
     def diagnostics(self) -> dict[str, float]:

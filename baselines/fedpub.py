@@ -46,7 +46,7 @@ from torch.nn import functional as F
 from torch_geometric.data import Data
 from torch_geometric.nn import GCNConv
 
-from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
+from gfl_bench.aggregation import load_model_state, mixtures, model_state
 from gfl_bench.backbones import GCN, register_backbone
 from gfl_bench.errors import UserError
 from gfl_bench.method import (
@@ -229,8 +229,9 @@ class FedPubServer(Server):
         ids = list(uploads)
         states = [uploads[cid]["weights"] for cid in ids]
         self.alpha = mixing_weights(torch.stack([uploads[cid]["embedding"] for cid in ids]), self.params.norm_scale)
-        for row, cid in enumerate(ids):
-            self.personalised[cid] = weighted_mean(states, self.alpha[row])
+        # every client's mix from one stack per key; the rows renormalised as a weighted mean does
+        mixed = mixtures(states, self.alpha / self.alpha.sum(dim=1, keepdim=True))
+        self.personalised.update(zip(ids, mixed))
 
     def diagnostics(self) -> dict[str, float]:
         """Mean weight a client gives its own model (1/M: uniform mixing; 1: no collaboration)."""

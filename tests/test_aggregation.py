@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
+from gfl_bench.aggregation import load_model_state, mixtures, model_state, weighted_mean
 from gfl_bench.backbones import GCN
 from gfl_bench.method import clone_message
 
@@ -23,6 +23,25 @@ def test_weighted_mean_equals_formula():
 def test_uniform_weights_give_plain_mean():
     states = [{"w": torch.full((2,), float(i))} for i in range(4)]
     assert torch.equal(weighted_mean(states, torch.ones(4))["w"], torch.full((2,), 1.5))
+
+
+def test_mixtures_apply_each_row_as_given_and_row_one_is_the_weighted_mean():
+    """Row r of the mix gives Σ_m mix_rm state_m (no renormalisation); a normalised row gives to the last
+    bit what `weighted_mean` gives, so a server may mix all clients at once without moving a number."""
+    gen = torch.Generator().manual_seed(1)
+    states = [{"w": torch.randn(6, 3, generator=gen), "b": torch.randn(3, generator=gen)} for _ in range(4)]
+    mix = torch.rand(3, 4, generator=gen, dtype=torch.float64) * 2  # rows do not sum to 1
+    mixed = mixtures(states, mix)
+    assert len(mixed) == 3
+    for r, out in enumerate(mixed):
+        for key in ("w", "b"):
+            expected = sum(mix[r, m].item() * states[m][key].double() for m in range(4)).float()
+            torch.testing.assert_close(out[key], expected, rtol=1e-6, atol=1e-6)
+            assert out[key].dtype == torch.float32
+    normalised = mix / mix.sum(dim=1, keepdim=True)
+    for row, out in zip(mix, mixtures(states, normalised)):
+        reference = weighted_mean(states, row)
+        assert all(torch.equal(out[key], reference[key]) for key in reference)
 
 
 def test_model_state_excludes_head_and_loads_in_place():

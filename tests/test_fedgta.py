@@ -10,10 +10,10 @@ import torch
 from torch_geometric.data import Data
 
 from baselines.fedgta import (
-    FedGTA, FedGTAClient, FedGTAParams, FedGTAServer, acceptance_sets, mix_states, mixing_matrix, moment_vector,
+    FedGTA, FedGTAClient, FedGTAParams, FedGTAServer, acceptance_sets, mixing_matrix, moment_vector,
     propagate_labels, seed_labels, smoothed_outputs, smoothing_confidence,
 )  # fmt: skip
-from gfl_bench.aggregation import model_state, weighted_mean
+from gfl_bench.aggregation import mixtures, model_state, weighted_mean
 from gfl_bench.backbones import GAMLP, build_backbone
 from gfl_bench.errors import UserError
 from gfl_bench.method import Round, Setup, resolve_params
@@ -162,7 +162,7 @@ def test_everyone_accepted_with_equal_confidence_is_fedavgs_uniform_mean():
         torch.manual_seed(seed)
         states.append(model_state(GAMLP(4, 6, 2, 0.0)))
     uniform = weighted_mean(states, torch.ones(5))
-    for personalised in mix_states(states, mix):
+    for personalised in mixtures(states, mix):
         for key, value in uniform.items():
             torch.testing.assert_close(personalised[key], value)
     # no confidence anywhere (clients without edges): the plain mean of the accepted set, not 0/0
