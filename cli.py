@@ -504,6 +504,47 @@ def failed(store: StoreOption = DEFAULT_STORE) -> None:
 
 @app.command()
 @friendly
+def export(
+    out: Annotated[Path, typer.Argument(help="File to write: JSON Lines, gzip-compressed if it ends in .gz.")],
+    method: Annotated[Optional[str], typer.Option("--method", "-m", help="Only these methods (comma-separated).")] = None,
+    dataset: Annotated[Optional[str], typer.Option("--dataset", "-d", help="Only these datasets (comma-separated).")] = None,
+    store: StoreOption = DEFAULT_STORE,
+) -> None:
+    """Write stored runs (whole records: curves, config, provenance) to one file, to move them to another
+    machine or commit the runs behind a table; `gflbench import` reads it back."""
+    from gfl_bench.store import write_records
+
+    if not store.exists():
+        raise UserError(f"no run store at {store}")
+    methods_wanted = set(split_list(method, "methods")) if method else None
+    datasets_wanted = set(split_list(dataset, "datasets")) if dataset else None
+    with RunStore(store) as runs:
+        records = [r for r in runs.records()
+                   if (methods_wanted is None or r["method"] in methods_wanted)
+                   and (datasets_wanted is None or r["dataset"] in datasets_wanted)]  # fmt: skip
+    if not records:
+        raise UserError(f"no stored runs in {store} match; nothing written")
+    console.print(f"exported {write_records(out, records)} runs from {store} to {out}", soft_wrap=True)
+
+
+@app.command("import")
+@friendly
+def import_runs(
+    files: Annotated[list[Path], typer.Argument(help="Files written by `gflbench export`.")],
+    store: StoreOption = DEFAULT_STORE,
+) -> None:
+    """Add the runs of exported files to the store: every file is read and checked first, then all new
+    runs are stored in one transaction; a run already stored (same run key) is kept as it is."""
+    from gfl_bench.store import read_records
+
+    records = [record for path in files for record in read_records(path)]
+    with RunStore(store) as runs:
+        added = runs.put_many(records)
+    console.print(f"imported {added} new runs into {store}; {len(records) - added} were already stored", soft_wrap=True)
+
+
+@app.command()
+@friendly
 def table(
     number: Annotated[
         Optional[str], typer.Argument(help="Paper table 1-7 or 'all'; default every results table that has runs.")

@@ -8,7 +8,9 @@ the columns that tables filter on.
 
 from __future__ import annotations
 
+import gzip
 import json
+import os
 import sqlite3
 import zlib
 from collections.abc import Iterable
@@ -140,6 +142,19 @@ class RunStore:
 
     def put(self, record: dict, replace: bool = False) -> None:
         """Store a finished run; an existing key is kept unless `replace` (then swapped atomically)."""
+        with self._db:  # one transaction: committed whole, or rolled back
+            self._insert(record, replace)
+
+    def put_many(self, records: Iterable[dict]) -> int:
+        """Store runs in one transaction (all of them or, on any error, none), keeping every key already
+        stored; returns how many were new."""
+        before = len(self)
+        with self._db:
+            for record in records:
+                self._insert(record, replace=False)
+        return len(self) - before
+
+    def _insert(self, record: dict, replace: bool) -> None:
         row = {
             **{c: record.get(c) for c in _COLUMNS},
             "status": record.get("status", "ok"),
@@ -150,8 +165,7 @@ class RunStore:
         verb = "INSERT OR REPLACE" if replace else "INSERT OR IGNORE"
         names = ", ".join(row)
         marks = ", ".join("?" for _ in row)
-        with self._db:  # one transaction: committed whole, or rolled back
-            self._db.execute(f"{verb} INTO runs ({names}) VALUES ({marks})", tuple(row.values()))
+        self._db.execute(f"{verb} INTO runs ({names}) VALUES ({marks})", tuple(row.values()))
 
     def record(self, run_key: str) -> dict:
         row = self._db.execute("SELECT record FROM runs WHERE run_key = ?", (run_key,)).fetchone()
@@ -177,6 +191,56 @@ class RunStore:
         where a record has none) read from the record itself, so that no stored row changes."""
         peak = "json_extract(record, '$.peak_memory_bytes') AS peak_memory_bytes"
         return pd.read_sql_query(f"SELECT {', '.join(_COLUMNS)}, {peak} FROM runs", self._db)
+
+
+# What a record must hold to be stored: the key, the cell it belongs to, and when it finished.
+REQUIRED_FIELDS = ("run_key", "config_key", "method", "dataset", "scheme", "clients", "data_seed", "seed", "metric", "finished_at")
+
+
+def write_records(path: Path, records: Iterable[dict]) -> int:
+    """Write records as JSON Lines (gzip-compressed when `path` ends in .gz), sorted by run key so that
+    two exports of the same runs are the same file; written beside `path` and renamed over it, so an
+    interrupted export never leaves a half-written file under the name. Returns the count."""
+    path = Path(path)
+    rows = sorted(records, key=lambda r: r["run_key"])
+    partial = path.with_name(path.name + ".partial")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(partial, "wb") as raw:
+            # no name and mtime 0 in the gzip header, so the same runs give the same bytes
+            out = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) if path.suffix == ".gz" else raw
+            with out:
+                for record in rows:
+                    out.write((json.dumps(record, sort_keys=True) + "\n").encode())
+        os.replace(partial, path)
+    except OSError as error:
+        partial.unlink(missing_ok=True)
+        raise UserError(f"cannot write {path}: {error}") from None
+    return len(rows)
+
+
+def read_records(path: Path) -> list[dict]:
+    """Every record of a `write_records` file, checked before any is stored: a file that is not JSON
+    Lines, or a line that is not a run record, is a UserError naming the line."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    records = []
+    try:
+        with opener(path, "rt", encoding="utf-8") as file:
+            for number, line in enumerate(file, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise UserError(f"{path}, line {number}: not JSON ({error.msg})") from None
+                missing = [f for f in REQUIRED_FIELDS if not isinstance(record, dict) or record.get(f) is None]
+                if missing:
+                    raise UserError(f"{path}, line {number}: not a run record (no {', '.join(missing)})")
+                records.append(record)
+    except (OSError, EOFError, UnicodeDecodeError) as error:
+        raise UserError(f"cannot read {path}: {error}") from None
+    return records
 
 
 def _checksum(values: list) -> int:

@@ -88,6 +88,44 @@ def test_stacked_seeds_are_stored_one_record_each(env):
     assert stacked == [1, 2, 2]  # seeds 0 and 1 together, seed 2 alone
 
 
+def test_exported_runs_import_into_another_store_whole_and_once(env):
+    """export → import gives the same records; a second import adds nothing; two exports of the same
+    runs are the same bytes; a file with one bad line stores none of its runs."""
+    runner = CliRunner()
+    args = ["run", "-m", "local,fedavg", "-d", "tiny", "--clients", "5", "--seeds", "1", "--rounds", "3"]
+    assert runner.invoke(app, args).exit_code == 0
+    exported = env / "runs.jsonl.gz"
+    first = runner.invoke(app, ["export", str(exported), "-m", "fedavg"])
+    assert first.exit_code == 0, first.output
+    assert "exported 1 runs" in first.output
+    runner.invoke(app, ["export", str(env / "again.jsonl.gz"), "-m", "fedavg"])
+    assert exported.read_bytes() == (env / "again.jsonl.gz").read_bytes()
+
+    other = env / "other.sqlite"
+    imported = runner.invoke(app, ["import", str(exported), "--store", str(other)])
+    assert imported.exit_code == 0, imported.output
+    assert "imported 1 new runs" in imported.output
+    with RunStore(env / "runs.sqlite") as source, RunStore(other) as target:
+        original = [r for r in source.records() if r["method"] == "fedavg"]
+        assert target.records() == original
+    again = runner.invoke(app, ["import", str(exported), "--store", str(other)])
+    assert "imported 0 new runs" in again.output and "1 were already stored" in again.output
+
+    plain = env / "all.jsonl"
+    assert runner.invoke(app, ["export", str(plain)]).exit_code == 0
+    lines = plain.read_text().splitlines()
+    assert len(lines) == 2
+    broken = env / "broken.jsonl"
+    broken.write_text(lines[0] + "\n" + lines[1][: len(lines[1]) // 2] + "\n")
+    fresh = env / "fresh.sqlite"
+    failed = runner.invoke(app, ["import", str(broken), "--store", str(fresh)])
+    assert failed.exit_code == 2 and "line 2: not JSON" in failed.output
+    assert len(RunStore(fresh)) == 0  # checked before anything was stored
+    nothing = runner.invoke(app, ["export", str(env / "none.jsonl"), "-m", "fedgmc"])
+    assert nothing.exit_code == 2 and "no stored runs" in nothing.output
+    assert not (env / "none.jsonl").exists()
+
+
 def test_partitions_and_methods_and_datasets_print(env):
     runner = CliRunner()
     parts = runner.invoke(app, ["partitions", "-d", "tiny", "--scheme", "overlap", "--clients", "10"])
