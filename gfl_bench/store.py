@@ -148,11 +148,11 @@ class RunStore:
     def put_many(self, records: Iterable[dict]) -> int:
         """Store runs in one transaction (all of them or, on any error, none), keeping every key already
         stored; returns how many were new."""
-        before = len(self)
+        before = self._db.total_changes  # this connection's own inserts: a sweep writing meanwhile does not count
         with self._db:
             for record in records:
                 self._insert(record, replace=False)
-        return len(self) - before
+        return self._db.total_changes - before
 
     def _insert(self, record: dict, replace: bool) -> None:
         row = {
