@@ -47,6 +47,7 @@ A method opts in with `Method.batchable`; `batched_training` picks the class for
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
@@ -70,8 +71,11 @@ class BatchedTraining(ABC):
 
     def __init__(self, clients: list[TrainingClient], streams: list[tuple[RunRandomness, int]] | None = None) -> None:
         self.clients = clients
-        # (random streams, client count) per run, in client order: several runs when stacked along seeds
-        self.streams = streams or [(SharedRandomness(), len(clients))]
+        # `streams`: (random streams, client count) per run, in client order (several runs when stacked
+        # along seeds). Kept as each run's streams and the positions of its clients in `clients`.
+        streams = streams or [(SharedRandomness(), len(clients))]
+        ends = itertools.accumulate(count for _, count in streams)
+        self.runs = [(randomness, range(end - count, end)) for (randomness, count), end in zip(streams, ends)]
         first = clients[0]
         self.local_epochs = first.setup.local_epochs
         self.dropout = first.params.dropout
@@ -159,15 +163,13 @@ class BatchedTraining(ABC):
         device = self.train_rows.device
         widths = [self.stacks[name].shape[-1] for name in self.dropout_widths]
         masks = [[torch.zeros(len(self.clients), self.padded, w, device=device) for w in widths] for _ in range(self.local_epochs)]
-        first = 0
-        for randomness, count in self.streams:  # each run from its own streams
+        for randomness, clients in self.runs:  # each run from its own streams
             with randomness.active():
-                for m in range(first, first + count):  # client-major, as the per-client path trains client after client
+                for m in clients:  # client-major, as the per-client path trains client after client
                     for epoch in range(self.local_epochs):
                         for layer, width in enumerate(widths):
                             noise = torch.empty(self.sizes[m], width, device=device).bernoulli_(keep).div_(keep)  # F.dropout's draw
                             masks[epoch][layer][m, : self.sizes[m]] = noise
-            first += count
         return masks
 
     @abstractmethod
@@ -277,11 +279,9 @@ class BatchedH2GCNTraining(BatchedTraining):
             (H2GCNRepresentations(ego[:size], hop1[:size], hop2[:size], combined[:size]), client_logits[:size])
             for size, (ego, hop1, hop2, combined, client_logits) in zip(self.sizes, per_client)
         ]
-        first = 0
-        for _, count in self.streams:  # per run: a stacked run's constants must not depend on its companions
-            runs_clients = self.clients[first : first + count]
-            type(runs_clients[0]).solve_together(runs_clients, [own for own, _ in slices[first : first + count]])
-            first += count
+        for _, clients in self.runs:  # per run: a stacked run's constants must not depend on its companions
+            run_clients = [self.clients[m] for m in clients]
+            type(run_clients[0]).solve_together(run_clients, [slices[m][0] for m in clients])
         total = torch.zeros((), device=logits.device)
         for client, own_parameters, (own, client_logits) in zip(self.clients, parameters, slices):
             objective = client.objective(client_logits, own)

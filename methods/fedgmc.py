@@ -256,7 +256,7 @@ def sinkhorn_assignments(costs: Tensor, reg: float, relative: bool = True) -> Te
     """
     import ot
 
-    problems, rows, _ = costs.shape
+    rows = costs.shape[1]
     matrices = np.stack([_sinkhorn_costs(c, relative) for c in costs.unbind(0)])
     plans = ot.solve_batch(matrices, reg=reg, tol=1e-6, method="sinkhorn", grad="detach").plan * rows
     return torch.from_numpy(np.asarray(plans)).to(device=costs.device, dtype=costs.dtype)
@@ -440,8 +440,8 @@ class FedGMCClient(TrainingClient):
         one per sample size B, before their first local step; `structural_loss` then finds F_m solved.
         The unbalanced solver has no batched form in POT: those clients solve their own."""
         pending = [(c, reps) for c, reps in zip(clients, representations)
-                   if isinstance(c, FedGMCClient) and c.params.structural and c.params.sinkhorn_marginal == 0
-                   and c.assignment is None and c.sample.numel() > 0]  # fmt: skip
+                   if c.params.structural and c.params.sinkhorn_marginal == 0 and c.assignment is None
+                   and c.sample.numel() > 0]  # fmt: skip
         if len(pending) < 2:
             return
         by_size: dict[int, list[tuple[FedGMCClient, Tensor]]] = {}
