@@ -112,14 +112,14 @@ class BatchedTraining(ABC):
         """[h, F] <-> [F, h] for the input-major parameters; the identity for the others."""
         return tensor.t() if flip else tensor
 
-    def client_parameters(self, stacks: dict[str, Tensor]) -> list[dict[str, Tensor]]:
-        """Every client's parameters as slices of `stacks`, in its `named_parameters()` layout.
+    def in_client_layout(self, stacks: dict[str, Tensor]) -> dict[str, Tensor]:
+        """`stacks` as the clients hold their slices: `[M, *shape]` with `shape` as in `named_parameters()`
+        (the input-major stacks as transposed views, no copy)."""
+        return {name: stack.transpose(1, 2) if name in self.input_major else stack for name, stack in stacks.items()}
 
-        One `unbind` per stack, so the backward of all the slices is one `stack` of their gradients
-        (indexing client by client would allocate a zero gradient of the whole stack per client)."""
-        slices = {name: stack.unbind(0) for name, stack in stacks.items()}
-        return [{name: self._as_stored(parts[m], name in self.input_major) for name, parts in slices.items()}
-                for m in range(len(self.clients))]  # fmt: skip
+    def penalty(self) -> Tensor | None:
+        """Σ_m client m's penalty of its own parameters (`TrainingClient.penalty_together`), or None."""
+        return type(self.clients[0]).penalty_together(self.clients, self.in_client_layout(self.stacks))
 
     def _block_diagonal(self, blocks: list[Tensor], column_block: int | None = None) -> Tensor:
         """Sparse per-client matrices on one padded index space: client m's rows at offset m·N, its columns
@@ -194,8 +194,8 @@ class BatchedTraining(ABC):
             self.loss(masks[epoch] if masks else None).backward()
             self.optimizer.step()
         grads = {name: stack.grad for name, stack in self.stacks.items() if stack.grad is not None}
-        for client, client_grads in zip(self.clients, self.client_parameters(grads)):  # as the per-client step leaves them
-            for name, grad in client_grads.items():
+        for name, stacked in self.in_client_layout(grads).items():  # as the per-client step leaves them
+            for client, grad in zip(self.clients, stacked.unbind(0)):
                 client.model.get_parameter(name).grad = grad
 
 
@@ -234,11 +234,8 @@ class BatchedGCNTraining(BatchedTraining):
         logits = self.forward(training=True, masks=masks)
         chosen = logits.reshape(-1, logits.shape[-1])[self.train_rows]
         loss = (F.cross_entropy(chosen, self.train_labels, reduction="none") * self.train_weights).sum()
-        if type(self.clients[0]).penalty is TrainingClient.penalty:
-            return loss  # no penalty term to add
-        for client, parameters in zip(self.clients, self.client_parameters(self.stacks)):
-            loss = client.with_penalty(loss, parameters)
-        return loss
+        penalty = self.penalty()
+        return loss if penalty is None else loss + penalty
 
 
 class BatchedH2GCNTraining(BatchedTraining):
@@ -273,8 +270,6 @@ class BatchedH2GCNTraining(BatchedTraining):
         reps = self.representations()
         logits = self._logits(reps.combined, masks)
         per_client = zip(*(t.unbind(0) for t in (reps.ego, reps.hop1, reps.hop2, reps.combined, logits)))
-        penalised = type(self.clients[0]).penalty is not TrainingClient.penalty
-        parameters = self.client_parameters(self.stacks) if penalised else [{}] * len(self.clients)
         slices = [
             (H2GCNRepresentations(ego[:size], hop1[:size], hop2[:size], combined[:size]), client_logits[:size])
             for size, (ego, hop1, hop2, combined, client_logits) in zip(self.sizes, per_client)
@@ -283,10 +278,10 @@ class BatchedH2GCNTraining(BatchedTraining):
             run_clients = [self.clients[m] for m in clients]
             type(run_clients[0]).solve_together(run_clients, [slices[m][0] for m in clients])
         total = torch.zeros((), device=logits.device)
-        for client, own_parameters, (own, client_logits) in zip(self.clients, parameters, slices):
-            objective = client.objective(client_logits, own)
-            total = total + (client.with_penalty(objective, own_parameters) if penalised else objective)
-        return total
+        for client, (own, client_logits) in zip(self.clients, slices):
+            total = total + client.objective(client_logits, own)
+        penalty = self.penalty()
+        return total if penalty is None else total + penalty
 
 
 def batched_training(
