@@ -241,8 +241,12 @@ class FedSagePlusClient(FedAvgClient):
         self.pending: tuple[Tensor, Tensor] | None = None  # (own loss, uploaded vectors) awaiting the relayed gradient
         self.missing_degree: Tensor | None = None  # ñ of every local node at mending, kept for inspection
 
+    def trains_locally(self, rnd: Round) -> bool:
+        """Phase 2 (the classifier on the mended graph) is FedAvg's local step."""
+        return rnd.index > 0 or rnd.stage >= generator_stages(self.params)
+
     def fit(self, rnd: Round, message: Message) -> Message:
-        if rnd.index > 0 or rnd.stage >= generator_stages(self.params):
+        if self.trains_locally(rnd):
             return super().fit(rnd, message)
         if rnd.stage == 0:
             self.start_generator()
@@ -384,3 +388,4 @@ class FedSagePlus(Method):
     Params = FedSagePlusParams
     client = FedSagePlusClient
     server = FedSagePlusServer
+    batchable = True  # phase 2 is FedAvg's local step on the mended graphs (`trains_locally`)

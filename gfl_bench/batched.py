@@ -42,7 +42,7 @@ most, a `TrainingClient.penalty` of the client's own parameters):
   distribution, not number by number.
 
 Shapes: M clients, N = N_max padded nodes, F features, h hidden, C classes.
-A method opts in with `Method.batchable`; `batched_training` picks the class for its backbone.
+A method opts in with `Method.batchable`; `batched_trainer` picks the class for its backbone.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from gfl_bench.backbones import EGO_ACTIVATIONS, H2GCNRepresentations
-from gfl_bench.graph_ops import ConstantSparse
+from gfl_bench.graph_ops import ConstantSparse, row_normalized
 from gfl_bench.randomness import RunRandomness, SharedRandomness
 from gfl_bench.training import TrainingClient
 
@@ -176,9 +176,14 @@ class BatchedTraining(ABC):
     def forward(self, training: bool, masks: list[Tensor] | None = None) -> Tensor:
         """Every client's logits, [M, N, C]; `masks` are one epoch's dropout masks (None: no dropout)."""
 
-    @abstractmethod
     def loss(self, masks: list[Tensor] | None) -> Tensor:
-        """Σ_m client m's local objective on its own slice of one batched forward."""
+        """Σ_m client m's local objective on its own slice of one batched forward; here TrainingClient's
+        (mean CE over client m's training nodes + client m's penalty on its own parameters)."""
+        logits = self.forward(training=True, masks=masks)
+        chosen = logits.reshape(-1, logits.shape[-1])[self.train_rows]
+        loss = (F.cross_entropy(chosen, self.train_labels, reduction="none") * self.train_weights).sum()
+        penalty = self.penalty()
+        return loss if penalty is None else loss + penalty
 
     @torch.no_grad()
     def predict(self) -> list[Tensor]:
@@ -229,13 +234,34 @@ class BatchedGCNTraining(BatchedTraining):
         h = h * masks[1] if masks else h
         return torch.bmm(h, self._weight("classifier", training).transpose(1, 2)) + self.stacks["classifier.bias"][:, None, :]
 
-    def loss(self, masks: list[Tensor] | None) -> Tensor:
-        """Σ_m (mean CE over client m's training nodes + client m's penalty on its own parameters)."""
-        logits = self.forward(training=True, masks=masks)
-        chosen = logits.reshape(-1, logits.shape[-1])[self.train_rows]
-        loss = (F.cross_entropy(chosen, self.train_labels, reduction="none") * self.train_weights).sum()
-        penalty = self.penalty()
-        return loss if penalty is None else loss + penalty
+
+class BatchedSAGETraining(BatchedTraining):
+    """GraphSAGE (mean aggregator): relu(mean_N(h) W_l + b_l + h W_r) twice -> relu -> classifier, for every
+    client at once. mean_N(X) W_l is computed as mean_N(X W_l) (the same function; one sparse product of
+    the features instead of a dense [N, F] mean), each client's mean over its own neighbours."""
+
+    input_major = ("conv1.lin_l.weight", "conv1.lin_r.weight")
+    dropout_widths = ("conv1.lin_l.bias", "conv2.lin_l.bias")  # after each convolution's relu, h wide
+
+    def __init__(self, clients: list[TrainingClient], streams: list[tuple[RunRandomness, int]] | None = None) -> None:
+        super().__init__(clients, streams)
+        self.adjacency["mean"] = self._operator([row_normalized(c.graph.adj) for c in clients])
+
+    def _root_and_neighbours(self, layer: str, h: Tensor | None) -> Tensor:
+        """One SAGE layer for every client: h W_r + mean_N(h W_l) + b_l, h None for the features."""
+        weight = {side: self.stacks[f"{layer}.lin_{side}.weight"] for side in ("l", "r")}
+        if h is None:
+            root, neighbours = self._first_layer(weight["r"]), self._first_layer(weight["l"])
+        else:
+            root, neighbours = (torch.bmm(h, weight[side].transpose(1, 2)) for side in ("r", "l"))
+        return self._spread("mean", neighbours) + self.stacks[f"{layer}.lin_l.bias"][:, None, :] + root
+
+    def forward(self, training: bool, masks: list[Tensor] | None = None) -> Tensor:
+        h = F.relu(self._root_and_neighbours("conv1", None))
+        h = h * masks[0] if masks else h
+        h = F.relu(self._root_and_neighbours("conv2", h))
+        h = h * masks[1] if masks else h
+        return torch.bmm(h, self.stacks["classifier.weight"].transpose(1, 2)) + self.stacks["classifier.bias"][:, None, :]
 
 
 class BatchedH2GCNTraining(BatchedTraining):
@@ -284,17 +310,17 @@ class BatchedH2GCNTraining(BatchedTraining):
         return total if penalty is None else total + penalty
 
 
-def batched_training(
-    clients: list[TrainingClient], backbone: str, streams: list[tuple[RunRandomness, int]] | None = None
-) -> BatchedTraining | None:
-    """The batched trainer for these clients' backbone, or None where the per-client path must run:
+TRAINERS: dict[str, type[BatchedTraining]] = {
+    "gcn": BatchedGCNTraining, "masked_gcn": BatchedGCNTraining, "sage": BatchedSAGETraining,
+    "h2gcn": BatchedH2GCNTraining, "h2gcn-tanh": BatchedH2GCNTraining, "h2gcn-elu": BatchedH2GCNTraining,
+}  # fmt: skip
+
+
+def batched_trainer(clients: list[TrainingClient], backbone: str) -> type[BatchedTraining] | None:
+    """The batched trainer class for these clients' backbone, or None where the per-client path must run:
     another backbone, a single client, or a client without training nodes (it does not step in the
-    per-client path, and Adam would move it here). `streams`: the random streams of each run whose
-    clients follow one another in `clients` (runs stacked along seeds); None for one run."""
+    per-client path, and Adam would move it here). The runner builds it, with each run's random
+    streams, at the first stage where every client trains locally (`TrainingClient.trains_locally`)."""
     if len(clients) < 2 or any(c.num_train == 0 for c in clients):
         return None
-    if backbone in ("gcn", "masked_gcn"):
-        return BatchedGCNTraining(clients, streams)
-    if backbone in ("h2gcn", "h2gcn-tanh", "h2gcn-elu"):
-        return BatchedH2GCNTraining(clients, streams)
-    return None
+    return TRAINERS.get(backbone)

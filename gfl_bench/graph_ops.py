@@ -47,6 +47,15 @@ def binary_adjacency(edge_index: Tensor, num_nodes: int) -> Tensor:
     return csr_tensor(_unit_adjacency(edge_index, num_nodes))
 
 
+def row_normalized(adjacency: Tensor) -> Tensor:
+    """D⁻¹A of a unit-entry CSR matrix (`binary_adjacency`): a product with it is the mean over each node's
+    neighbours, GraphSAGE's aggregator (an isolated node's row stays empty, its mean zero, as PyG's)."""
+    crow, col = adjacency.crow_indices(), adjacency.col_indices()
+    counts = crow.diff()
+    values = (1.0 / counts.clamp(min=1)).to(adjacency.dtype).repeat_interleave(counts)
+    return torch.sparse_csr_tensor(crow, col, values, size=adjacency.shape)
+
+
 def gcn_adjacency(edge_index: Tensor, num_nodes: int) -> Tensor:
     """D^-1/2 (A + I) D^-1/2, as in Kipf & Welling and PyG's GCNConv."""
     edge_index, weight = gcn_norm(edge_index, None, num_nodes, add_self_loops=True)

@@ -222,8 +222,8 @@ class Method:
     client: ClassVar[type[Client]]
     server: ClassVar[type[Server]]
     # True when the client's local step is exactly TrainingClient's cross-entropy step (plus, at most,
-    # its `penalty` of the parameters) between its `receive` and `upload`, so `--batched` may train all
-    # clients at once (gfl_bench/batched.py).
+    # its `penalty` of the parameters) between its `receive` and `upload`, in every stage where its
+    # `trains_locally` says so, so `--batched` may train all clients at once there (gfl_bench/batched.py).
     batchable: ClassVar[bool] = False
 
     @classmethod

@@ -26,7 +26,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from gfl_bench.backbones import backbone_class, build_backbone, prepared_key
-from gfl_bench.batched import batched_training
+from gfl_bench.batched import BatchedTraining, batched_trainer
 from gfl_bench.datasets import dataset_spec, load_dataset
 from gfl_bench.method import Client, MethodParams, Round, Server, Setup, clone_message, method_class
 from gfl_bench.metrics import metric_fn
@@ -227,9 +227,10 @@ def run_together(
         parties.append(_Party(spec, server, clients, randomness))
     everyone = [client for party in parties for client in party.clients]
     streams = [(party.randomness, len(party.clients)) for party in parties]
-    together = batched_training(everyone, specs[0].params.backbone, streams) if batched and method.batchable else None
-    if together is None and len(specs) > 1:
+    trainer = batched_trainer(everyone, specs[0].params.backbone) if batched and method.batchable else None
+    if trainer is None and len(specs) > 1:
         raise ValueError(f"{specs[0].method}'s clients cannot be batched here, so its runs cannot stack")
+    together: BatchedTraining | None = None  # built at the first stage where every client trains locally
     metric = metric_fn(data.metric)
     graphs = [c.graph for c in parties[0].clients]
     val_counts = torch.tensor([float(g.val_mask.sum()) for g in graphs], device=device)
@@ -253,13 +254,17 @@ def run_together(
                     downloads[id(p)] = p.server.configure(rnd, client_ids)
             uploads: dict[int, dict] = {id(p): {} for p in parties}
             with _timed(shared, "fit", device):
-                if together is None:
-                    p = parties[0]
-                    for cid, client in enumerate(p.clients):
-                        message, size = clone_message(downloads[id(p)][cid])
-                        traffic[id(p)][0] += size
-                        uploads[id(p)][cid], size = clone_message(client.fit(rnd, message))
-                        traffic[id(p)][1] += size
+                train_together = trainer is not None and all(c.trains_locally(rnd) for c in everyone)
+                if train_together and together is None:  # FedSage+: once its clients have mended their graphs
+                    together = trainer(everyone, streams)
+                if not train_together:
+                    for p in parties:
+                        with p.randomness.active():
+                            for cid, client in enumerate(p.clients):
+                                message, size = clone_message(downloads[id(p)][cid])
+                                traffic[id(p)][0] += size
+                                uploads[id(p)][cid], size = clone_message(client.fit(rnd, message))
+                                traffic[id(p)][1] += size
                 else:  # the same receive / train / upload, with every client's training in one pass
                     for p in parties:
                         with p.randomness.active():

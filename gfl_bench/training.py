@@ -36,6 +36,13 @@ class TrainingClient(Client):
         """What leaves the client after local training (default: nothing)."""
         return {}
 
+    def trains_locally(self, rnd: Round) -> bool:
+        """Whether this stage's `fit` is `receive`, `train_local`, `upload`, which the batched path
+        (gfl_bench/batched.py) may run for all clients at once; default: every stage. The batched path
+        packs the clients' graphs at the first stage where all of them say so, so a client's graph must
+        not change after that (FedSage+ says no until it has mended its graph)."""
+        return True
+
     def fit(self, rnd: Round, message: Message) -> Message:
         """Receive, train `local_epochs` steps, upload. The batched path (gfl_bench/batched.py) calls the
         same three steps, with the training of every client done at once."""

@@ -21,9 +21,11 @@ BATCHED_CASES = [
     ("fedpub", {}),  # masked GCN, masks without weight decay off (the code's default)
     ("fedpub", {"regularizer_grad": "true", "mask_weight_decay": "false", "l1": "0.01"}),  # the paper's penalty
     ("fedavg", {"backbone": "h2gcn-tanh"}),  # H2GCN with the plain CE objective
+    ("fedavg", {"backbone": "sage"}),  # GraphSAGE, mean aggregator
     ("fedprox", {"backbone": "h2gcn", "mu": "0.5"}),
     ("fedgmc", {}),  # calibration losses on each client's slice of the batched representations
     ("fedgmc", {"share": "all", "combine": "ring"}),
+    ("fedsage+", {"local_gen_epochs": "3", "fed_gen_epochs": "2"}),  # GraphSAGE on the mended graphs, after per-client generator stages
 ]
 
 
@@ -89,7 +91,7 @@ def test_batched_logits_match_after_three_rounds_on_cora(cpu, monkeypatch, metho
 
 
 def test_methods_that_cannot_batch_run_per_client(tiny_federation, cpu):
-    spec = make_spec("fedavg", "tiny", "metis", 5, 0, {"backbone": "sage"}, rounds=2)  # no batched GraphSAGE
+    spec = make_spec("fedavg", "tiny", "metis", 5, 0, {"backbone": "gamlp"}, rounds=2)  # no batched GAMLP
     assert run(spec, tiny_federation, cpu, batched=True)["execution"] == "per-client"
     gta = make_spec("fedgta", "tiny", "metis", 5, 0, rounds=2)  # not `batchable`: label propagation after training
     assert run(gta, tiny_federation, cpu, batched=True)["execution"] == "per-client"
@@ -151,3 +153,17 @@ def test_penalty_together_is_the_sum_of_the_clients_penalties(tiny_federation, c
     for m, own in enumerate(leaves):
         for name in names:
             torch.testing.assert_close(stacks[name].grad[m], own[name].grad)
+
+
+def test_row_normalized_adjacency_is_sage_mean_aggregation():
+    """D⁻¹A x is PyG's mean over each node's neighbours; an isolated node (3) gets zero, as in SAGEConv."""
+    from torch_geometric.utils import spmm
+
+    from gfl_bench.graph_ops import binary_adjacency, row_normalized
+
+    edge_index = torch.tensor([[0, 1, 1, 2, 0, 2], [1, 0, 2, 1, 2, 0]])
+    adjacency = binary_adjacency(edge_index, 4)
+    x = torch.tensor([[1.0, 2.0], [3.0, 5.0], [7.0, 11.0], [13.0, 17.0]])
+    mean = row_normalized(adjacency) @ x
+    torch.testing.assert_close(mean, torch.tensor([[5.0, 8.0], [4.0, 6.5], [2.0, 3.5], [0.0, 0.0]]))
+    torch.testing.assert_close(mean, spmm(adjacency, x, reduce="mean"))

@@ -10,7 +10,10 @@ from gfl_bench.execute import Environment, run_job, stacked_jobs
 from gfl_bench.runner import RunFailed, run, run_together
 from gfl_bench.spec import make_spec
 
-CASES = [("fedavg", {}), ("fedprox", {"mu": "0.5"}), ("gcfl", {}), ("fedpub", {}), ("fedgmc", {})]
+CASES = [
+    ("fedavg", {}), ("fedprox", {"mu": "0.5"}), ("gcfl", {}), ("fedpub", {}), ("fedgmc", {}),
+    ("fedsage+", {"local_gen_epochs": "3", "fed_gen_epochs": "2"}),  # per-client generator stages, each seed on its own streams
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("method", "overrides"), CASES)
