@@ -167,3 +167,28 @@ def test_row_normalized_adjacency_is_sage_mean_aggregation():
     mean = row_normalized(adjacency) @ x
     torch.testing.assert_close(mean, torch.tensor([[5.0, 8.0], [4.0, 6.5], [2.0, 3.5], [0.0, 0.0]]))
     torch.testing.assert_close(mean, spmm(adjacency, x, reduce="mean"))
+
+
+@pytest.mark.parametrize("kept", [16, 2])
+def test_first_layer_is_each_clients_own_product_for_dense_and_sparse_features(tiny_federation, cpu, kept):
+    """Dense features (tiny's, all 16 non-zero) go through one padded bmm, sparse ones (2 of 16 kept)
+    through the block-diagonal sparse product; either way each client's first layer is its own X_m W_m."""
+    from gfl_bench.batched import BatchedGCNTraining
+    from gfl_bench.graph_ops import ConstantSparse
+
+    spec = make_spec("fedavg", "tiny", "metis", 5, 0, rounds=1)
+    cls = method_class("fedavg")
+    setup = Setup(tiny_federation.num_features, tiny_federation.num_classes, 5, 1, 1, cpu, 0)
+    clients = []
+    for cid, shared in enumerate(tiny_federation.on_device(spec.params, cpu)):
+        graph = shared.clone()
+        graph.x = graph.x.clone()
+        graph.x[:, kept:] = 0.0
+        clients.append(cls.client(cid, graph, build_backbone(spec.params, setup.num_features, setup.num_classes), spec.params, setup))
+    trainer = BatchedGCNTraining(clients)
+    assert isinstance(trainer.features, ConstantSparse) == (kept == 2)
+    weight = trainer.stacks["conv1.lin.weight"]  # [M, F, h]
+    product = trainer._first_layer(weight)
+    for m, client in enumerate(clients):
+        torch.testing.assert_close(product[m, : client.graph.num_nodes], client.graph.x @ weight[m])
+        assert not product[m, client.graph.num_nodes :].any()  # padding rows stay zero
