@@ -1,10 +1,12 @@
-"""Batched local training: every client's GCN or H2GCN trained in one pass per local epoch.
+"""Batched local training: every client's GCN, GraphSAGE or H2GCN trained in one pass per local epoch.
 
 Per round, a FedAvg-style client loads what it received, trains `local_epochs` full-batch steps on
 its own graph, and uploads. The per-client path runs those steps client after client: one small
 forward and backward each, dominated by Python and kernel-launch overhead. Here, for the methods
 that declare `Method.batchable` (their local step is `TrainingClient`'s cross-entropy step plus, at
-most, a `TrainingClient.penalty` of the client's own parameters):
+most, a `TrainingClient.penalty` of the client's own parameters, in every stage where the clients'
+`trains_locally` says so; the trainer is built at the first such stage, so FedSage+'s generator
+stages run client by client and its classifier phase batches on the mended graphs):
 
 - Parameters are stacked along a leading client axis, `[M, ...]`, and each client's model holds views
   into the stacks, so the per-client hooks (loading received weights, uploading, predicting) read and
@@ -12,11 +14,13 @@ most, a `TrainingClient.penalty` of the client's own parameters):
   stacked input-major, `[M, F, h]`, so that the first layer needs no copy of them (the clients see
   `[h, F]` views, as `nn.Linear` expects).
 - Graphs are padded to the largest client (N_max nodes each) and packed block-diagonally: the
-  normalised adjacencies into one sparse `[M·N_max, M·N_max]` matrix, the features into one sparse
+  normalised adjacencies into one sparse `[M·N_max, M·N_max]` matrix, sparse features into one sparse
   `[M·N_max, M·F]` matrix. The first layer is one sparse product of the features with the stacked
   weights `[M·F, h]` (only the non-zero features are multiplied: Planetoid's are 98 % zeros;
-  `graph_ops.ConstantSparse`), later layers one `bmm`, and every propagation one SpMM, for all
-  clients at once.
+  `graph_ops.ConstantSparse`), or one `bmm` where the features are dense (`DENSE_SHARE`), later
+  layers one `bmm`, and every propagation one SpMM, for all clients at once.
+- GraphSAGE (FedSage+'s, and any method's under `backbone=sage`): the mean over neighbours is one
+  product with the row-normalised block-diagonal adjacency (`graph_ops.row_normalized`).
 - FED-PUB's masked GCN (`baselines/fedpub.py:MaskedGCN`) is the same network with each weight used
   as W ⊙ M; its masks are stacked like the weights, and pruned in evaluation as the model prunes them.
 - H2GCN (FedGMC's backbone, and any method's under `backbone=h2gcn*`): the ego layer is the same
