@@ -215,7 +215,7 @@ def test_js_similarity_is_symmetric_with_unit_diagonal_and_hand_value():
     assert s.shape == (3, 6, 6)
     assert torch.equal(s, s.transpose(1, 2))  # symmetric before row normalisation
     torch.testing.assert_close(s.diagonal(dim1=1, dim2=2), torch.ones(3, 6, dtype=s.dtype))
-    assert (s <= 1).all()
+    assert (s <= 1 + 1e-12).all()  # JS >= 0; on the diagonal KL(P || P) rounds to ±1e-16 depending on the CPU's exp/log
     beta = mixing_weights(s, 10.0)
     torch.testing.assert_close(beta.sum(-1), torch.ones(3, 6, dtype=beta.dtype))  # row-stochastic
     assert (beta > 0).all() and not torch.allclose(beta, beta.transpose(1, 2))  # rows normalised separately
