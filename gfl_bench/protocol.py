@@ -18,6 +18,7 @@ can never pick up a run of another (docs/protocol.md, "Protocols").
 from __future__ import annotations
 
 import copy
+import fcntl
 import functools
 import json
 import os
@@ -79,17 +80,25 @@ def _parse_tuned(path: str, mtime_ns: int, size: int) -> dict[str, Any]:
 
 
 def write_tuned(folder: Path, dataset: str, scheme: str, clients: int, method: str, entry: Mapping[str, Any]) -> Path:
-    """Set one method's entry in the setting's file, atomically (a kill leaves the old file or the new one)."""
+    """Set one method's entry in the setting's file, atomically (a kill leaves the old file or the new one).
+
+    Several `gflbench tune` processes may tune methods of one setting at once: the read-modify-write
+    holds an OS lock on the folder, so no process writes over an entry another has just added."""
     path = tuned_file(folder, dataset, scheme, clients)
     path.parent.mkdir(parents=True, exist_ok=True)
-    content = read_tuned(folder, dataset, scheme, clients) or {
-        "dataset": dataset, "scheme": scheme, "clients": clients, "methods": {},
-    }  # fmt: skip
-    content["methods"][method] = dict(entry)
-    content["methods"] = dict(sorted(content["methods"].items()))
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(content, indent=2, sort_keys=False) + "\n")
-    os.replace(partial, path)
+    folder_handle = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(folder_handle, fcntl.LOCK_EX)  # released with the handle, or by the kernel if the process dies
+        content = read_tuned(folder, dataset, scheme, clients) or {
+            "dataset": dataset, "scheme": scheme, "clients": clients, "methods": {},
+        }  # fmt: skip
+        content["methods"][method] = dict(entry)
+        content["methods"] = dict(sorted(content["methods"].items()))
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        partial.write_text(json.dumps(content, indent=2, sort_keys=False) + "\n")
+        os.replace(partial, path)
+    finally:
+        os.close(folder_handle)
     return path
 
 

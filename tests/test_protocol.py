@@ -217,3 +217,25 @@ def test_a_smaller_budget_reads_a_prefix_of_the_study(env):
     two = json.loads((env / "tuned" / "tiny-metis-5.json").read_text())["methods"]["fedavg"]
     assert four["trials"]["complete"] == 4 and two["trials"]["complete"] == 2
     assert two["trial"] in (0, 1) and two["validation"] <= four["validation"]
+
+
+def _write_many(folder: str, prefix: str) -> None:
+    for i in range(40):
+        write_tuned(Path(folder), "tiny", "metis", 5, f"{prefix}{i}", {"values": {"lr": 0.01}})
+
+
+def test_parallel_tunes_of_one_setting_keep_every_entry(tmp_path):
+    """Two processes adding entries to one setting's file at once (two `gflbench tune` of different
+    methods): every entry of both survives, none is written over by the other's read-modify-write."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    writers = [context.Process(target=_write_many, args=(str(tmp_path), prefix)) for prefix in ("a", "b")]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(timeout=120)
+        assert writer.exitcode == 0
+    methods = json.loads((tmp_path / "tiny-metis-5.json").read_text())["methods"]
+    assert sorted(methods) == sorted(f"{p}{i}" for p in "ab" for i in range(40))
+    assert not list(tmp_path.glob("*.partial"))
