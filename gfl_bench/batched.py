@@ -59,7 +59,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from gfl_bench.backbones import EGO_ACTIVATIONS, H2GCNRepresentations
+from gfl_bench.backbones import EGO_ACTIVATIONS, GCN, H2GCN, Backbone, GraphSAGE, H2GCNRepresentations, backbone_class
 from gfl_bench.graph_ops import ConstantSparse, row_normalized
 from gfl_bench.randomness import RunRandomness, SharedRandomness
 from gfl_bench.training import TrainingClient
@@ -330,9 +330,10 @@ class BatchedH2GCNTraining(BatchedTraining):
         return total if penalty is None else total + penalty
 
 
-TRAINERS: dict[str, type[BatchedTraining]] = {
-    "gcn": BatchedGCNTraining, "masked_gcn": BatchedGCNTraining, "sage": BatchedSAGETraining,
-    "h2gcn": BatchedH2GCNTraining, "h2gcn-tanh": BatchedH2GCNTraining, "h2gcn-elu": BatchedH2GCNTraining,
+# The batched network for each backbone family; a backbone batches when its class is one of these
+# (FED-PUB's masked GCN is a GCN, the H2GCN variants are H2GCNs).
+TRAINERS: dict[type[Backbone], type[BatchedTraining]] = {
+    GCN: BatchedGCNTraining, GraphSAGE: BatchedSAGETraining, H2GCN: BatchedH2GCNTraining,
 }  # fmt: skip
 
 
@@ -343,4 +344,5 @@ def batched_trainer(clients: list[TrainingClient], backbone: str) -> type[Batche
     streams, at the first stage where every client trains locally (`TrainingClient.trains_locally`)."""
     if len(clients) < 2 or any(c.num_train == 0 for c in clients):
         return None
-    return TRAINERS.get(backbone)
+    network = backbone_class(backbone)
+    return next((trainer for family, trainer in TRAINERS.items() if issubclass(network, family)), None)
