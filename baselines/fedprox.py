@@ -42,34 +42,49 @@ class FedProxClient(FedAvgClient):
     @classmethod
     def penalty_together(cls, clients: Sequence[FedProxClient], parameters: Mapping[str, Tensor]) -> Tensor:
         """Σ_m (mu/2) ||θ_m - θ_global,m||² on the stacked parameters, each client's gradient
-        mu (θ_m - θ_global,m) as from its own `penalty`. `_SquaredDistance` keeps no difference for the
-        backward (it recomputes it there), so the term costs no memory of the model's size per client."""
+        mu (θ_m - θ_global,m) as from its own `penalty`. The anchors are stacked once per round in the
+        parameters' memory layout (`_anchor_stack`), so every epoch's term is one element-wise pass per
+        parameter; `_SquaredDistance` keeps no difference for the backward (it recomputes it there)."""
         proximal = sum(
-            _SquaredDistance.apply(stacked, [client.anchor[name] for client in clients])
+            _SquaredDistance.apply(stacked, _anchor_stack(clients, name, stacked))
             for name, stacked in parameters.items()
             if name in clients[0].anchor
         )
         return 0.5 * clients[0].params.mu * proximal
 
 
+def _anchor_stack(clients: Sequence[FedProxClient], name: str, like: Tensor) -> Tensor:
+    """Every client's θ_global for `name` in one tensor with the strides of the stacked parameter `like`.
+
+    Built at the round's first step and kept on the first client; each client's anchor then becomes its
+    view of the stack (same values), so the stack replaces the received copies instead of adding to
+    them, and a new round's anchors (new tensors from `receive`) are noticed by identity."""
+    cache: dict[str, tuple[tuple[Tensor, ...], Tensor]] = clients[0].__dict__.setdefault("_anchor_stacks", {})
+    views, stack = cache.get(name, ((), None))
+    if len(views) == len(clients) and all(client.anchor[name] is view for client, view in zip(clients, views)):
+        return stack
+    stack = torch.empty_like(like, requires_grad=False)  # the stack's own strides (input-major stacks stay so)
+    for m, client in enumerate(clients):
+        stack[m].copy_(client.anchor[name])
+        client.anchor = {**client.anchor, name: stack[m]}
+    cache[name] = (tuple(client.anchor[name] for client in clients), stack)
+    return stack
+
+
 class _SquaredDistance(torch.autograd.Function):
-    """Σ_m ||stacked[m] - anchors[m]||² with the gradient 2 (stacked[m] - anchors[m]), recomputed in the
-    backward instead of saved: autograd's own `(stacked - anchors).pow(2)` would keep the differences,
-    which put batched FedProx's peak memory above OpenFGL's."""
+    """||stacked - anchors||² with the gradient 2 (stacked - anchors), recomputed in the backward instead of
+    saved: autograd's own `(stacked - anchors).pow(2)` would keep the differences, which put batched
+    FedProx's peak memory above OpenFGL's. Both tensors share one memory layout (`_anchor_stack`)."""
 
     @staticmethod
-    def forward(ctx, stacked: Tensor, anchors: list[Tensor]) -> Tensor:  # noqa: ANN001 - autograd's signature
-        ctx.anchors = anchors
-        ctx.save_for_backward(stacked)
-        return sum((own - anchor).pow(2).sum() for own, anchor in zip(stacked, anchors))
+    def forward(ctx, stacked: Tensor, anchors: Tensor) -> Tensor:  # noqa: ANN001 - autograd's signature
+        ctx.save_for_backward(stacked, anchors)
+        return (stacked - anchors).pow_(2).sum()
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # noqa: ANN001
-        (stacked,) = ctx.saved_tensors
-        difference = torch.empty_like(stacked)  # the stack's own strides
-        for m, anchor in enumerate(ctx.anchors):
-            torch.sub(stacked[m], anchor, out=difference[m])
-        return difference.mul_(2 * grad), None
+        stacked, anchors = ctx.saved_tensors
+        return (stacked - anchors).mul_(2 * grad), None
 
 
 class FedProx(Method):
