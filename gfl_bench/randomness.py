@@ -27,6 +27,10 @@ def seed_everything(seed: int, device: torch.device) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
+    # Deterministic mode also fills every new uninitialised tensor with NaN (a guard against kernels that
+    # read memory they never wrote). No kernel here does (every result would be NaN), and the fill cost
+    # a fifth of a batched Cora round: each large `empty` was written twice (docs/results.md, "Speed").
+    torch.utils.deterministic.fill_uninitialized_memory = False
 
 
 class RunRandomness:
