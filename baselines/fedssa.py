@@ -69,6 +69,7 @@ from torch_geometric.data import Data
 from torch_geometric.utils import to_scipy_sparse_matrix
 
 from baselines.fedavg import FedAvgParams
+from baselines.fedici import UNIFILTER_CONFIG_SPACE
 from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
 from gfl_bench.backbones import Backbone
 from gfl_bench.errors import UserError
@@ -335,7 +336,7 @@ class FedSSAParams(FedAvgParams):
 
     search_space = {
         **SHARED_SEARCH_SPACE,  # UniFilter is part of the method: no backbone choice
-        "filter_lr": log_range(1e-3, 0.2),  # FedICI's configs use 0.005-0.207
+        **UNIFILTER_CONFIG_SPACE,  # weight decay, width, filter lr: ranges holding FedICI's released values
         "semantic_weight": log_range(1e-3, 10.0),  # λ_sem: no published value
         "structural_weight": log_range(1e-3, 10.0),  # λ_str: no published value
         "semantic_clusters": int_range(1, 5),  # no published value
