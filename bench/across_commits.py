@@ -14,14 +14,16 @@ only runner calls that already existed before the batched path (`DataCache.feder
 `run` with `on_round`; checked on 7fd8ae2^), so the old side runs it unchanged; interleave the processes as above so that
 both see the same load. A round is timed as in bench/peer_openfgl.py: from the end of one round's
 evaluation to the end of the next, in CPU time (`time.process_time`, steadier on a shared machine)
-and wall time; the median is over rounds 3 onwards (the first two carry set-up). Nothing is stored.
+and wall time (bench/timing.py `RoundClock`); the median is over rounds 4 onwards (the first rounds carry
+set-up and warm-up). Nothing is stored.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import time
+
+from timing import RoundClock
 
 from gfl_bench.datasets import default_data_dir
 from gfl_bench.runner import DataCache, resolve_device, run
@@ -42,24 +44,14 @@ def main() -> None:
     root = default_data_dir()
     data = DataCache(root, root / "partitions").federated(args.dataset, "metis", args.clients, 1234)
     spec = make_spec(args.method, args.dataset, "metis", args.clients, 0, {}, args.rounds, args.local_epochs)
-    cpu: list[float] = []
-    wall: list[float] = []
-
-    def mark(*_: object) -> None:
-        cpu.append(time.process_time())
-        wall.append(time.perf_counter())
-
-    record = run(spec, data, resolve_device("cpu"), on_round=mark, **({"batched": True} if args.batched else {}))
+    clock = RoundClock()
+    record = run(spec, data, resolve_device("cpu"), on_round=lambda *_: clock.mark(), **({"batched": True} if args.batched else {}))
+    rounds = {kind: statistics.median(seconds[3:]) for kind, seconds in clock.rounds().items()}  # rounds 4 onwards
     path = "batched" if args.batched else "per-client"
     print(
         f"{args.label} {args.method} {args.dataset} METIS-{args.clients} {path}: median s/round "
-        f"CPU {_median_step(cpu):.4f} wall {_median_step(wall):.4f} (test {record['test']:.4f})"
+        f"CPU {rounds['cpu']:.4f} wall {rounds['seconds']:.4f} (test {record['test']:.4f})"
     )
-
-
-def _median_step(marks: list[float]) -> float:
-    """Median time between consecutive round ends, from the third round on."""
-    return statistics.median(b - a for a, b in zip(marks[2:], marks[3:]))
 
 
 if __name__ == "__main__":

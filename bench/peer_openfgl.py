@@ -65,6 +65,7 @@ import types
 from pathlib import Path
 
 import torch
+from timing import RoundClock
 
 OURS_TO_THEIRS = {"fedavg": "fedavg", "fedprox": "fedprox", "fedpub": "fedpub", "fedsage+": "fedsage_plus", "fedtad": "fedtad"}
 RESULT_MARK = "PEER-RESULT "
@@ -214,29 +215,6 @@ def measure_gflbench(args: argparse.Namespace) -> dict:
     setup = clock.wall[0] - tic
     return {**clock.rounds(), "setup": setup, "test": record["test"], "backbone": spec.params.backbone,
             "execution": record["execution"]}  # fmt: skip
-
-
-class RoundClock:
-    """Wall and CPU time between the ends of consecutive rounds (each end: right after the round's evaluation).
-
-    The same boundaries on both sides; the first round's share of set-up work is taken by the warm-up.
-    CPU time (`time.process_time`, this process only) is less disturbed by other jobs on a busy machine.
-    """
-
-    def __init__(self) -> None:
-        self.wall: list[float] = []
-        self.cpu: list[float] = []
-        self.start()
-
-    def start(self) -> None:
-        self.wall, self.cpu = [time.perf_counter()], [time.process_time()]
-
-    def mark(self) -> None:
-        self.wall.append(time.perf_counter())
-        self.cpu.append(time.process_time())
-
-    def rounds(self) -> dict[str, list[float]]:
-        return {"seconds": [b - a for a, b in zip(self.wall, self.wall[1:])], "cpu": [b - a for a, b in zip(self.cpu, self.cpu[1:])]}
 
 
 def measure_openfgl(args: argparse.Namespace) -> dict:
