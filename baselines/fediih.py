@@ -61,7 +61,7 @@ from torch.nn import functional as F
 from torch_geometric.data import Data
 
 from gfl_bench.aggregation import load_model_state, model_state
-from gfl_bench.backbones import DisenGCN
+from gfl_bench.backbones import ROUTING_KERNELS, DisenGCN
 from gfl_bench.errors import UserError
 from gfl_bench.method import (
     SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, Setup, at_least, choice, int_range, log_range,
@@ -90,6 +90,8 @@ class FedIIHParams(MethodParams):
         "norm_scale": positive(), "prior_var": positive(), "prior_var_alpha": positive(), "negative_ratio": positive(),
     }  # fmt: skip
 
+    added_after_runs = {"routing_kernel": "gather"}  # the kernel the stored Planetoid cells were run with
+
     backbone: str = "disengcn"
     hidden: int = 256  # h, width per factor (`n_latentdims`); parser default 256; Table 5 {128, 256}
     # Adam, both steps; Tables 3-4 use 0.01 in most cells (set_config's bare fallback 1e-3); Table 5 {0.01, 0.015, 0.02}
@@ -109,10 +111,16 @@ class FedIIHParams(MethodParams):
     elbo_trains_encoder: bool = True
     # ours: sampled pairs per edge for the reconstruction's non-edge term (the code: all N² pairs); not searched
     negative_ratio: float = 1.0
+    # The routing's arithmetic (gfl_bench.backbones.neighbourhood_routing): "gather" (edge gathers) or
+    # "sparse" (sampled and CSR products, 5x faster per Minesweeper round on a CPU). Same math, different
+    # float rounding, which FedIIH's first round amplifies: the kernel is part of a run's identity.
+    routing_kernel: str = "gather"
 
     def __post_init__(self) -> None:
         if self.backbone != "disengcn":
             raise UserError(f"FedIIH trains its DisenGCN; backbone must be disengcn, got {self.backbone!r}")
+        if self.routing_kernel not in ROUTING_KERNELS:
+            raise UserError(f"fediih.routing_kernel must be one of {', '.join(ROUTING_KERNELS)}; got {self.routing_kernel!r}")
 
 
 # ----------------------------------------------------------------------------- client: the variational step
@@ -343,6 +351,12 @@ _PAPER: dict[tuple[str, str], tuple] = {
 }
 
 
+# The routing kernel is a compute choice, not a hyperparameter of the paper. The Planetoid cells of
+# docs/reproduction.md were run with the gather kernel and keep it; every other dataset runs the
+# sparse kernel, without which Minesweeper's preset costs about 4 CPU-hours a seed (fediih.md, "Cost").
+_GATHER_CELLS = frozenset({"cora", "citeseer", "pubmed"})
+
+
 class FedIIH(Method):
     name = "fediih"
     title = "FedIIH"
@@ -355,4 +369,7 @@ class FedIIH(Method):
     def paper_preset(cls, dataset: str, scheme: str, clients: int) -> dict[str, str]:
         """K and the tuned values of appendix Tables 3-4 for this dataset and partition (τ = 10 everywhere)."""
         values = _PAPER.get((dataset, scheme))
-        return {} if values is None else {key: str(value) for key, value in zip(_COLUMNS, values)}
+        preset = {} if values is None else {key: str(value) for key, value in zip(_COLUMNS, values)}
+        if dataset not in _GATHER_CELLS:
+            preset["routing_kernel"] = "sparse"
+        return preset

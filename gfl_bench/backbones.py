@@ -17,7 +17,7 @@ from torch_geometric.data import Data
 from torch_geometric.nn import GCNConv, SAGEConv
 
 from gfl_bench.errors import UserError
-from gfl_bench.graph_ops import binary_adjacency, gcn_adjacency, h2gcn_adjacencies
+from gfl_bench.graph_ops import EdgeOperators, binary_adjacency, edge_dots, edge_weighted_sum, gcn_adjacency, h2gcn_adjacencies
 
 
 def input_layer(graph: Data, linear: nn.Module) -> Tensor:
@@ -482,14 +482,26 @@ register_backbone("unifilter", UniFilter)
 register_backbone("unifilter-code", UniFilterCode)
 
 
-def neighbourhood_routing(z: Tensor, edge_index: Tensor, iterations: int, tau: float = 1.0) -> Tensor:
+ROUTING_KERNELS = ("gather", "sparse")
+
+
+def neighbourhood_routing(
+    z: Tensor, edge_index: Tensor, iterations: int, tau: float = 1.0, kernel: str = "gather"
+) -> Tensor:
     """One parameter-free DisenConv layer (Ma et al., ICML 2019, Alg. 1; FedIIH appendix A, Eqs. 1-2).
 
     ẑ_{i,k} = z_{i,k} / ‖z_{i,k}‖; c_{u,k} starts at ẑ_{u,k}; then `iterations` times, for every edge v → u:
         p_{v,k} = softmax_k(ẑ_{v,k}ᵀ c_{u,k} / τ),   c_{u,k} = normalise(ẑ_{u,k} + Σ_{v→u} p_{v,k} ẑ_{v,k}).
-    Vectorised over edges (gather + index_add, no N × N matrix); an isolated node returns ẑ_u.
+    No N × N matrix either way; an isolated node returns ẑ_u. Two kernels for the same arithmetic:
+    - "gather": vectorised over edges (both ends of every edge gathered [E, K, h], index_add);
+    - "sparse": factor-major, the edge terms as sampled and CSR products per factor
+      (`graph_ops.edge_dots`, `edge_weighted_sum`), memory E·K + N·K·h; several times faster on a
+      CPU (docs/baselines/fediih.md, "Cost"). Its float rounding differs (outputs agree to about
+      1e-7), which FedIIH's first round amplifies, so a run's numbers depend on the kernel.
     Shapes: z [N, K, h], edge_index [2, E] (row 0 = source v, row 1 = target u) → c [N, K, h].
     """
+    if kernel == "sparse":
+        return _sparse_routing(z, edge_index, iterations, tau)
     unit = F.normalize(z, dim=2)  # ẑ [N, K, h]
     source, target = edge_index
     neighbour = unit.index_select(0, source)  # ẑ_v per edge [E, K, h]
@@ -499,6 +511,19 @@ def neighbourhood_routing(z: Tensor, edge_index: Tensor, iterations: int, tau: f
         p = torch.softmax(affinity, dim=1)  # over factors, per edge
         centre = F.normalize(unit.index_add(0, target, neighbour * p.unsqueeze(2)), dim=2)  # [N, K, h]
     return centre
+
+
+def _sparse_routing(z: Tensor, edge_index: Tensor, iterations: int, tau: float) -> Tensor:
+    """`neighbourhood_routing`'s "sparse" kernel: the same steps on factor-major [K, N, h] tensors."""
+    unit = F.normalize(z, dim=2).transpose(0, 1).contiguous()  # ẑ [K, N, h]
+    if iterations == 0 or edge_index.shape[1] == 0:
+        return unit.transpose(0, 1)
+    ops = EdgeOperators(edge_index, z.shape[0])
+    centre = unit
+    for _ in range(iterations):
+        p = torch.softmax(edge_dots(centre, unit, ops) / tau, dim=1)  # [E, K], over factors per edge
+        centre = F.normalize(unit + edge_weighted_sum(p, unit, ops), dim=2)  # [K, N, h]
+    return centre.transpose(0, 1)
 
 
 class DisenGCN(Backbone):
@@ -511,7 +536,7 @@ class DisenGCN(Backbone):
             each layer followed by LeakyReLU and dropout
         logits = W_cls [c_{·,1} ∥ … ∥ c_{·,K}] + b_cls.
     K = `factors`, T = `routing_iters`, τ = `routing_tau` (1 in FedIIH), h = `hidden` (per factor; the
-    official `n_latentdims`). `variational` adds FedIIH's two encoder heads (μ and log σ², Appendix E):
+    official `n_latentdims`); `routing_kernel` picks `neighbourhood_routing`'s kernel. `variational` adds FedIIH's two encoder heads (μ and log σ², Appendix E):
     each is a further stack of routing layers on the shared base output, so the heads add no parameters.
     `routing_layers` = L is FedIIH's `n_layers` ("# neighborhood routing layers", Tables 3-4), split as
     the official code does: L ≤ 2 gives 1 base layer and 1 per head, L > 2 gives L − 2 base layers and
@@ -520,16 +545,18 @@ class DisenGCN(Backbone):
     Shapes: x [N, F] → z [N, K, h] → c [N, K, h] → embed [N, K·h] → logits [N, C].
     """
 
-    options = ("factors", "routing_layers", "routing_iters", "routing_tau")
+    options = ("factors", "routing_layers", "routing_iters", "routing_tau", "routing_kernel")
     # The axis of each parameter that holds K consecutive factor blocks of width h (FedIIH aggregates
     # them factor by factor); parameters not listed (the classifier bias) have no factor structure.
     factor_axes: ClassVar[dict[str, int]] = {"projection.weight": 0, "projection.bias": 0, "classifier.weight": 1}
-    defaults: ClassVar[dict[str, Any]] = {"factors": 2, "routing_layers": 5, "routing_iters": 6, "routing_tau": 1.0}
+    defaults: ClassVar[dict[str, Any]] = {
+        "factors": 2, "routing_layers": 5, "routing_iters": 6, "routing_tau": 1.0, "routing_kernel": "gather",
+    }  # fmt: skip
     checkpoint_above: ClassVar[int] = 2**24  # E·K·h above which routing layers are recomputed for backward (64 MB per gather)
 
     def __init__(
         self, in_dim: int, hidden: int, num_classes: int, dropout: float, factors: int = 2, base_layers: int = 1,
-        head_layers: int = 1, iterations: int = 6, tau: float = 1.0,
+        head_layers: int = 1, iterations: int = 6, tau: float = 1.0, kernel: str = "gather",
     ) -> None:  # fmt: skip
         super().__init__(in_dim, hidden, num_classes, dropout)
         if factors < 1 or base_layers < 0 or head_layers < 0 or iterations < 0 or tau <= 0:
@@ -537,6 +564,9 @@ class DisenGCN(Backbone):
                 f"DisenGCN needs factors >= 1, layers and iterations >= 0 and tau > 0; got K={factors}, "
                 f"layers {base_layers}/{head_layers}, T={iterations}, tau={tau}"
             )
+        if kernel not in ROUTING_KERNELS:
+            raise UserError(f"routing_kernel must be one of {', '.join(ROUTING_KERNELS)}; got {kernel!r}")
+        self.kernel = kernel
         self.factors, self.factor_dim = factors, hidden
         self.base_layers, self.head_layers = base_layers, head_layers
         self.iterations, self.tau = iterations, tau
@@ -553,7 +583,7 @@ class DisenGCN(Backbone):
         base, head = (1, 1) if layers <= 2 else (layers - 2, 2)
         return cls(
             in_dim, params.hidden, num_classes, params.dropout, value["factors"], base, head,
-            value["routing_iters"], value["routing_tau"],
+            value["routing_iters"], value["routing_tau"], value["routing_kernel"],
         )  # fmt: skip
 
     def _activate(self, h: Tensor) -> Tensor:
@@ -562,11 +592,13 @@ class DisenGCN(Backbone):
     def _route(self, z: Tensor, graph: Data, layers: int) -> Tensor:
         from torch.utils.checkpoint import checkpoint
 
-        # Autograd would keep T gathered [E, K, h] tensors per layer; on large clients (arxiv-sized: GBs)
-        # each layer is recomputed in the backward pass instead (same numbers, one extra forward).
-        recompute = z.requires_grad and graph.edge_index.shape[1] * z[0].numel() > self.checkpoint_above
+        # The gather kernel's autograd would keep T gathered [E, K, h] tensors per layer; on large clients
+        # (arxiv-sized: GBs) each layer is recomputed in the backward pass instead (same numbers, one
+        # extra forward). The sparse kernel keeps none.
+        gathers = self.kernel == "gather" and graph.edge_index.shape[1] * z[0].numel() > self.checkpoint_above
+        recompute = z.requires_grad and gathers
         for _ in range(layers):
-            args = (z, graph.edge_index, self.iterations, self.tau)
+            args = (z, graph.edge_index, self.iterations, self.tau, self.kernel)
             z = checkpoint(neighbourhood_routing, *args, use_reentrant=False) if recompute else neighbourhood_routing(*args)
             z = self._activate(z)
         return z

@@ -45,7 +45,7 @@ class RunSpec:
         """The resolved configuration shared by every seed and partition of this method on this dataset."""
         return {
             "method": self.method,
-            "params": dataclasses.asdict(self.params),
+            "params": keyed_params(self.params),
             "rounds": self.rounds,
             "local_epochs": self.local_epochs,
             "data_seed": self.data_seed,
@@ -61,6 +61,15 @@ class RunSpec:
     def run_key(self) -> str:
         where = {"dataset": self.dataset, "scheme": self.scheme, "clients": self.clients, "seed": self.seed}
         return _digest({"config": self.config_key, **where})
+
+
+def keyed_params(params: MethodParams) -> dict[str, Any]:
+    """The hyperparameters that enter the key: all, except a field of `added_after_runs` at the value
+    the runs stored before it existed had (they are the same experiment)."""
+    added = type(params).added_after_runs
+    return {
+        name: value for name, value in dataclasses.asdict(params).items() if name not in added or value != added[name]
+    }
 
 
 def _digest(payload: Mapping[str, Any]) -> str:

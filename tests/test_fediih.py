@@ -34,8 +34,12 @@ def _path() -> torch.Tensor:
 # ----------------------------------------------------------------------------- the routing layer
 
 
+KERNELS = pytest.mark.parametrize("kernel", ["gather", "sparse"])
+
+
+@KERNELS
 @pytest.mark.parametrize("iterations", [1, 3, 7])
-def test_one_factor_routing_is_the_normalised_sum_of_unit_neighbours(iterations):
+def test_one_factor_routing_is_the_normalised_sum_of_unit_neighbours(iterations, kernel):
     # K = 1: the softmax over one factor is 1, so c_u = normalise(ẑ_u + Σ_v ẑ_v) whatever T
     z = torch.tensor([[3.0, 4.0], [1.0, 0.0], [0.0, 2.0]]).unsqueeze(1)  # [N=3, K=1, h=2]; ẑ = (.6,.8), (1,0), (0,1)
     expected = torch.tensor(
@@ -45,25 +49,26 @@ def test_one_factor_routing_is_the_normalised_sum_of_unit_neighbours(iterations)
             [1 / math.sqrt(2), 1 / math.sqrt(2)],  # ẑ2 + ẑ1 = (1, 1)
         ]
     ).unsqueeze(1)
-    torch.testing.assert_close(neighbourhood_routing(z, _path(), iterations), expected)
+    torch.testing.assert_close(neighbourhood_routing(z, _path(), iterations, kernel=kernel), expected)
 
 
-def test_two_factor_routing_follows_the_hand_computed_iterations():
+@KERNELS
+def test_two_factor_routing_follows_the_hand_computed_iterations(kernel):
     # one edge v=1 → u=0; u: factor 1 = (1,0), factor 2 = (0,1); v: both factors (1,0)
     z = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[2.0, 0.0], [5.0, 0.0]]])  # [N=2, K=2, h=2]
     edges = torch.tensor([[1], [0]])
     # t = 1: affinities (1, 0) → p = (e, 1)/(e + 1); c_u1 = (1, 0), c_u2 = normalise((p2, 1))
     p2 = 1 / (math.e + 1)
     c2 = torch.tensor([p2, 1.0]) / math.hypot(p2, 1.0)
-    out = neighbourhood_routing(z, edges, iterations=1)
+    out = neighbourhood_routing(z, edges, iterations=1, kernel=kernel)
     torch.testing.assert_close(out[0], torch.stack([torch.tensor([1.0, 0.0]), c2]))
     torch.testing.assert_close(out[1], torch.tensor([[1.0, 0.0], [1.0, 0.0]]))  # no in-edge: ẑ_v
     # t = 2: affinities (1, c2[0]) → p2' = 1 / (1 + exp(1 - c2[0]))
     q2 = 1 / (1 + math.exp(1 - c2[0].item()))
-    out = neighbourhood_routing(z, edges, iterations=2)
+    out = neighbourhood_routing(z, edges, iterations=2, kernel=kernel)
     torch.testing.assert_close(out[0, 1], torch.tensor([q2, 1.0]) / math.hypot(q2, 1.0))
     # a lower temperature routes the neighbour more decisively to the factor it agrees with
-    sharp = neighbourhood_routing(z, edges, iterations=1, tau=0.1)
+    sharp = neighbourhood_routing(z, edges, iterations=1, tau=0.1, kernel=kernel)
     assert sharp[0, 1, 0] < out[0, 1, 0]
 
 
@@ -80,22 +85,36 @@ def _routing_by_loops(z, edge_index, iterations, tau):
     return centre
 
 
-def test_vectorised_routing_equals_the_loop_over_edges():
+@KERNELS
+def test_vectorised_routing_equals_the_loop_over_edges(kernel):
     generator = torch.Generator().manual_seed(0)
     z = torch.randn(7, 3, 4, generator=generator)
-    edge_index = torch.tensor([[0, 1, 1, 2, 3, 4, 5, 5, 6, 0], [1, 0, 2, 1, 2, 5, 4, 6, 5, 3]])
+    edge_index = torch.tensor([[0, 1, 1, 2, 3, 4, 5, 5, 6, 0, 0], [1, 0, 2, 1, 2, 5, 4, 6, 5, 3, 3]])  # (0, 3) twice
     torch.testing.assert_close(
-        neighbourhood_routing(z, edge_index, 3, 0.5), _routing_by_loops(z, edge_index, 3, 0.5), rtol=1e-5, atol=1e-6
+        neighbourhood_routing(z, edge_index, 3, 0.5, kernel), _routing_by_loops(z, edge_index, 3, 0.5), rtol=1e-5, atol=1e-6
     )
-    assert torch.equal(neighbourhood_routing(z, edge_index, 0), F.normalize(z, dim=2))  # T = 0: ẑ
+    assert torch.equal(neighbourhood_routing(z, edge_index, 0, kernel=kernel), F.normalize(z, dim=2))  # T = 0: ẑ
 
 
-def test_routing_scales_with_edges_not_nodes_squared():
+@KERNELS
+def test_routing_gradient_equals_the_loop_over_edges(kernel):
+    """The sparse kernel's products carry hand-written backward passes (graph_ops._EdgeDots, _EdgeWeightedSum)."""
+    generator = torch.Generator().manual_seed(1)
+    z = torch.randn(6, 2, 3, generator=generator, dtype=torch.float64, requires_grad=True)
+    edge_index = torch.tensor([[0, 1, 1, 2, 3, 4, 5, 2], [1, 0, 2, 1, 2, 5, 4, 4]])  # node 3 has no in-edge
+    assert torch.autograd.gradcheck(lambda t: neighbourhood_routing(t, edge_index, 2, 0.7, kernel), (z,))
+    looped = torch.autograd.grad(_routing_by_loops(z, edge_index, 2, 0.7).pow(2).sum(), z)[0]
+    vectorised = torch.autograd.grad(neighbourhood_routing(z, edge_index, 2, 0.7, kernel).pow(2).sum(), z)[0]
+    torch.testing.assert_close(vectorised, looped)
+
+
+@KERNELS
+def test_routing_scales_with_edges_not_nodes_squared(kernel):
     # 200k nodes: a dense N × N float matrix would need 160 GB
     n = 200_000
     z = torch.randn(n, 2, 3)
     edges = torch.tensor([[0, 1, n - 1], [1, 0, 0]])
-    out = neighbourhood_routing(z, edges, 2)
+    out = neighbourhood_routing(z, edges, 2, kernel=kernel)
     assert out.shape == (n, 2, 3)
     torch.testing.assert_close(out[5], F.normalize(z[5], dim=1))  # untouched node: ẑ
     keys = edge_keys(edges, n)
@@ -317,7 +336,28 @@ def test_params_reject_another_backbone_and_presets_resolve():
     assert values == (2, 0.02, 128, 0.3, 0.005, 4, 6)  # appendix Table 3, Cora non-overlapping
     assert make_spec("fediih", "pubmed", "metis", 10, 0).params.factors == 4  # appendix Table 3
     assert make_spec("fediih", "minesweeper", "metis", 10, 0).params.factors == 6  # Table 4
-    assert make_spec("fediih", "tiny", "metis", 5, 0).params == FedIIHParams()  # no preset: the defaults
+    # no preset values for tiny, only the routing kernel every non-Planetoid dataset runs
+    assert make_spec("fediih", "tiny", "metis", 5, 0).params == FedIIHParams(routing_kernel="sparse")
+    with pytest.raises(UserError, match="routing_kernel"):
+        make_spec("fediih", "cora", "metis", 10, 0, {"routing_kernel": "dense"})
+
+
+def test_routing_kernel_keeps_the_planetoid_keys_and_keys_the_sparse_runs():
+    """The stored Planetoid cells ran the gather kernel before the field existed: their keys must not move."""
+    cora = make_spec("fediih", "cora", "metis", 10, 0)
+    assert cora.params.routing_kernel == "gather" and "routing_kernel" not in cora.config()["params"]
+    sparse_cora = make_spec("fediih", "cora", "metis", 10, 0, {"routing_kernel": "sparse"})
+    assert sparse_cora.config()["params"]["routing_kernel"] == "sparse" and sparse_cora.run_key != cora.run_key
+    minesweeper = make_spec("fediih", "minesweeper", "metis", 10, 0)
+    assert minesweeper.params.routing_kernel == "sparse" and minesweeper.config()["params"]["routing_kernel"] == "sparse"
+
+
+def test_both_kernels_train_the_same_network(tiny_federation, cpu):
+    """Same math: on `tiny`, where no first-round amplification has room to grow, the two kernels' runs
+    end at nearly the same numbers (they are not equal: the float rounding differs)."""
+    gather, sparse = (_run(tiny_federation, cpu, routing_kernel=kernel) for kernel in ("gather", "sparse"))
+    assert gather["run_key"] != sparse["run_key"]
+    assert gather["val"] == pytest.approx(sparse["val"], abs=0.02)
 
 
 def _run(federation, cpu, scheme="metis", clients=5, seed=0, rounds=3, **overrides):

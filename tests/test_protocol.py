@@ -9,16 +9,19 @@ import sqlite3
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from typer.testing import CliRunner
 
+from baselines.fedavg import FedAvgParams
 from cli import app
 from gfl_bench.errors import UserError
 from gfl_bench.method import all_methods, resolve_params
 from gfl_bench.protocol import MissingTuning, write_tuned
-from gfl_bench.spec import make_spec
+from gfl_bench.spec import keyed_params, make_spec
 from gfl_bench.store import RunStore
 
 TINY = ["-d", "tiny", "--clients", "5", "--rounds", "4"]
@@ -263,3 +266,14 @@ def test_parallel_tunes_of_one_setting_keep_every_entry(tmp_path):
     methods = json.loads((tmp_path / "tiny-metis-5.json").read_text())["methods"]
     assert sorted(methods) == sorted(f"{p}{i}" for p in "ab" for i in range(40))
     assert not list(tmp_path.glob("*.partial"))
+
+
+def test_a_field_added_after_runs_keys_only_its_other_values():
+    """`MethodParams.added_after_runs`: at the value earlier runs had, the field stays out of the key."""
+    @dataclass(frozen=True)
+    class Extended(FedAvgParams):
+        added_after_runs: ClassVar[dict[str, str]] = {"kernel": "old"}
+        kernel: str = "old"
+
+    assert keyed_params(Extended()) == keyed_params(FedAvgParams())
+    assert keyed_params(Extended(kernel="new")) == {**keyed_params(FedAvgParams()), "kernel": "new"}
