@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from gfl_bench.allocator import keep_freed_memory
 from gfl_bench.backbones import backbone_class, build_backbone, prepared_key
 from gfl_bench.batched import BatchedTraining, batched_trainer
 from gfl_bench.datasets import dataset_spec, load_dataset
@@ -203,6 +204,8 @@ def run_together(
     if len(specs) > 1 and not (batched and stackable(specs)):
         raise ValueError("only runs of one batchable configuration differing in their seed stack, with batched=True")
     method = method_class(specs[0].method)
+    if device.type == "cpu":
+        keep_freed_memory()  # large tensors reused from the heap, not re-mapped (gfl_bench/allocator.py)
     started = time.time()
     parties: list[_Party] = []
     for spec in specs:
