@@ -53,15 +53,28 @@ def mixtures(states: Sequence[dict[str, Tensor]], mix: Tensor) -> list[dict[str,
     mix = mix.to(dtype=torch.float64)
     mixed: list[dict[str, Tensor]] = [{} for _ in range(mix.shape[0])]
     for key in states[0]:
-        parts = [s[key] for s in states]
+        order = memory_order(states[0][key])
+        parts = [s[key].permute(order) for s in states]  # contiguous where the uploads share one layout
         # [M, *shape], widened to float64 while stacking: one pass instead of a stack and a copy (a
         # fifth of a batched Cora-20 round went to the copy)
         wide = torch.empty((len(parts), *parts[0].shape), dtype=torch.float64, device=parts[0].device)
         torch.stack(parts, out=wide)
         rows = torch.tensordot(mix.to(wide.device), wide, dims=1).to(parts[0].dtype)  # [R, *shape]
+        inverse = [order.index(axis) for axis in range(len(order))]
         for out, row in zip(mixed, rows.unbind(0)):
-            out[key] = row
+            out[key] = row.permute(inverse)
     return mixed
+
+
+def memory_order(tensor: Tensor) -> list[int]:
+    """The axes of `tensor` from the slowest-varying in memory to the fastest: `tensor.permute(order)` is
+    contiguous when `tensor` is a permuted contiguous tensor.
+
+    The batched path (gfl_bench/batched.py) keeps first-layer weights input-major, so its clients
+    upload transposed views; stacking them in their own memory order, and handing the mixture back in
+    that order, turns the stack, the clients' loads and the next uploads into sequential copies (the
+    element-wise arithmetic is unchanged: the same numbers). Ties (size-1 axes) keep their order."""
+    return sorted(range(tensor.dim()), key=lambda axis: -tensor.stride(axis))
 
 
 # Upload key each client weighting reads ("uniform" reads none): training nodes (McMahan's FedAvg) or all nodes.

@@ -326,8 +326,9 @@ def _parse_value(method: str, key: str, raw: str, kind: type) -> Any:
 def clone_message(message: Any) -> tuple[Any, int]:
     """A deep copy of a message (tensors cloned, detached) and its size in bytes."""
     if isinstance(message, Tensor):
-        # contiguous: a client's parameters may be strided views (the batched path's stacks)
-        return message.detach().clone(memory_format=torch.contiguous_format), message.numel() * message.element_size()
+        # In the tensor's own memory layout: the batched path's first-layer weights are transposed views
+        # of its stacks, and a copy in their layout is sequential (gfl_bench/aggregation.py:memory_order).
+        return message.detach().clone(), message.numel() * message.element_size()
     if isinstance(message, dict):
         items = {k: clone_message(v) for k, v in message.items()}
         return {k: v for k, (v, _) in items.items()}, sum(n for _, n in items.values())

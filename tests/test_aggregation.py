@@ -20,6 +20,20 @@ def test_weighted_mean_equals_formula():
         torch.testing.assert_close(mean[key], expected, rtol=0, atol=1e-12)
 
 
+def test_uploads_in_a_transposed_layout_mix_to_the_same_numbers_and_keep_their_layout():
+    """The batched path's first-layer weights arrive as transposed views (gfl_bench/aggregation.py:memory_order)."""
+    gen = torch.Generator().manual_seed(2)
+    stored = [torch.randn(40, 7, generator=gen) for _ in range(5)]  # [F, h] in memory, seen as [h, F]
+    views = [{"w": t.t(), "b": t[0]} for t in stored]
+    copies = [{"w": t.t().contiguous(), "b": t[0].clone()} for t in stored]
+    mix = torch.rand(3, 5, generator=gen, dtype=torch.float64)
+    for from_views, from_copies in zip(mixtures(views, mix), mixtures(copies, mix)):
+        assert torch.equal(from_views["w"], from_copies["w"]) and torch.equal(from_views["b"], from_copies["b"])
+        assert from_views["w"].stride() == (1, 7) and from_copies["w"].is_contiguous()
+    message, _ = clone_message(views[0])
+    assert message["w"].stride() == views[0]["w"].stride()  # a copy in the sender's layout, not transposed
+
+
 def test_uniform_weights_give_plain_mean():
     states = [{"w": torch.full((2,), float(i))} for i in range(4)]
     assert torch.equal(weighted_mean(states, torch.ones(4))["w"], torch.full((2,), 1.5))
