@@ -44,7 +44,7 @@ def weighted_mean(states: Sequence[dict[str, Tensor]], weights: Tensor) -> dict[
 def mixtures(states: Sequence[dict[str, Tensor]], mix: Tensor) -> list[dict[str, Tensor]]:
     """[Σ_m mix_rm · state_m for every row r of `mix`], key by key, with the rows as given (not renormalised).
 
-    One float64 product per key gives all R mixtures: a personalising server (FED-PUB, FedGTA) that
+    One float64 product per key (in cache-sized blocks on a CPU) gives all R mixtures: a personalising server (FED-PUB, FedGTA) that
     mixed row by row would stack and widen every upload R times, which on Cora-10 made FED-PUB's
     aggregation a tenth of its round and its peak memory 130 MB above FedAvg's.
     """
