@@ -486,8 +486,9 @@ ROUTING_KERNELS = ("gather", "sparse")
 
 
 def neighbourhood_routing(
-    z: Tensor, edge_index: Tensor, iterations: int, tau: float = 1.0, kernel: str = "gather"
-) -> Tensor:
+    z: Tensor, edge_index: Tensor, iterations: int, tau: float = 1.0, kernel: str = "gather",
+    operators: EdgeOperators | None = None,
+) -> Tensor:  # fmt: skip
     """One parameter-free DisenConv layer (Ma et al., ICML 2019, Alg. 1; FedIIH appendix A, Eqs. 1-2).
 
     ẑ_{i,k} = z_{i,k} / ‖z_{i,k}‖; c_{u,k} starts at ẑ_{u,k}; then `iterations` times, for every edge v → u:
@@ -498,10 +499,12 @@ def neighbourhood_routing(
       (`graph_ops.edge_dots`, `edge_weighted_sum`), memory E·K + N·K·h; several times faster on a
       CPU (docs/baselines/fediih.md, "Cost"). Its float rounding differs (outputs agree to about
       1e-7), which FedIIH's first round amplifies, so a run's numbers depend on the kernel.
+      `operators` is its CSR structure of `edge_index` (`graph_ops.EdgeOperators`), for a caller that
+      keeps it across calls (`DisenGCN` does, per graph); built here otherwise.
     Shapes: z [N, K, h], edge_index [2, E] (row 0 = source v, row 1 = target u) → c [N, K, h].
     """
     if kernel == "sparse":
-        return _sparse_routing(z, edge_index, iterations, tau)
+        return _sparse_routing(z, edge_index, iterations, tau, operators)
     unit = F.normalize(z, dim=2)  # ẑ [N, K, h]
     source, target = edge_index
     neighbour = unit.index_select(0, source)  # ẑ_v per edge [E, K, h]
@@ -513,12 +516,14 @@ def neighbourhood_routing(
     return centre
 
 
-def _sparse_routing(z: Tensor, edge_index: Tensor, iterations: int, tau: float) -> Tensor:
+def _sparse_routing(
+    z: Tensor, edge_index: Tensor, iterations: int, tau: float, operators: EdgeOperators | None
+) -> Tensor:
     """`neighbourhood_routing`'s "sparse" kernel: the same steps on factor-major [K, N, h] tensors."""
     unit = F.normalize(z, dim=2).transpose(0, 1).contiguous()  # ẑ [K, N, h]
     if iterations == 0 or edge_index.shape[1] == 0:
         return unit.transpose(0, 1)
-    ops = EdgeOperators(edge_index, z.shape[0])
+    ops = operators if operators is not None else EdgeOperators(edge_index, z.shape[0])
     centre = unit
     for _ in range(iterations):
         p = torch.softmax(edge_dots(centre, unit, ops) / tau, dim=1)  # [E, K], over factors per edge
@@ -567,6 +572,7 @@ class DisenGCN(Backbone):
         if kernel not in ROUTING_KERNELS:
             raise UserError(f"routing_kernel must be one of {', '.join(ROUTING_KERNELS)}; got {kernel!r}")
         self.kernel = kernel
+        self._operators: tuple[Tensor, EdgeOperators] | None = None  # the sparse kernel's, for one edge_index
         self.factors, self.factor_dim = factors, hidden
         self.base_layers, self.head_layers = base_layers, head_layers
         self.iterations, self.tau = iterations, tau
@@ -597,11 +603,20 @@ class DisenGCN(Backbone):
         # extra forward). The sparse kernel keeps none.
         gathers = self.kernel == "gather" and graph.edge_index.shape[1] * z[0].numel() > self.checkpoint_above
         recompute = z.requires_grad and gathers
+        operators = self._edge_operators(graph.edge_index, z.shape[0]) if self.kernel == "sparse" else None
         for _ in range(layers):
-            args = (z, graph.edge_index, self.iterations, self.tau, self.kernel)
+            args = (z, graph.edge_index, self.iterations, self.tau, self.kernel, operators)
             z = checkpoint(neighbourhood_routing, *args, use_reentrant=False) if recompute else neighbourhood_routing(*args)
             z = self._activate(z)
         return z
+
+    def _edge_operators(self, edge_index: Tensor, num_nodes: int) -> EdgeOperators:
+        """The sparse kernel's CSR structure of the client's graph, built at its first forward and kept
+        (the graph is fixed; every routing layer of every step would otherwise sort its edges again)."""
+        cached = self._operators
+        if cached is None or cached[0] is not edge_index or cached[1].num_nodes != num_nodes:
+            self._operators = cached = (edge_index, EdgeOperators(edge_index, num_nodes))
+        return cached[1]
 
     def factor_embeddings(self, graph: Data) -> Tensor:
         """The base output c after the L_b routing layers, per factor. [N, K, h]"""
