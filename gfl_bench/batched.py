@@ -61,6 +61,7 @@ from torch.nn import functional as F
 
 from gfl_bench.backbones import EGO_ACTIVATIONS, GCN, H2GCN, Backbone, GraphSAGE, H2GCNRepresentations, backbone_class
 from gfl_bench.graph_ops import ConstantSparse, row_normalized
+from gfl_bench.metrics import metric_of_clients
 from gfl_bench.randomness import RunRandomness, SharedRandomness
 from gfl_bench.training import TrainingClient
 
@@ -117,6 +118,13 @@ class BatchedTraining(ABC):
         self.train_weights = torch.cat(
             [torch.full((c.num_train,), 1.0 / c.num_train, device=device) for c in clients]
         )  # mean CE per client, summed over clients
+        # For evaluation, every client's labels and splits on the padded rows ([M, N]; padding in no split).
+        self.labels = torch.stack([F.pad(c.graph.y, (0, self.padded - size)) for c, size in zip(clients, sizes)])
+        self.splits = {
+            split: torch.stack([F.pad(c.graph[f"{split}_mask"], (0, self.padded - size)) for c, size in zip(clients, sizes)])
+            for split in ("val", "test")
+        }
+        self.padding = torch.arange(self.padded, device=device)[None, :] >= torch.tensor(sizes, device=device)[:, None]
 
     def _stack_and_rebind(self, name: str) -> nn.Parameter:
         """Stack parameter `name` of every client, then make each client's parameter a view of its slice."""
@@ -218,10 +226,18 @@ class BatchedTraining(ABC):
         return loss if penalty is None else loss + penalty
 
     @torch.no_grad()
-    def predict(self) -> list[Tensor]:
-        """Each client's logits from its current model, as `Client.predict` gives them, in one pass."""
-        logits = self.forward(training=False)
-        return [logits[m, :size] for m, size in enumerate(self.sizes)]
+    def predict(self) -> Tensor:
+        """Every client's logits from its current model in one pass, [M, N, C]: client m's first
+        `sizes[m]` rows are what its `Client.predict` gives, the rest is padding."""
+        return self.forward(training=False)
+
+    def evaluate(self, metric: str) -> tuple[Tensor, Tensor, Tensor]:
+        """Every client's validation and test `metric` and whether its logits are all finite ([M] each),
+        from one `predict`: what the runner's per-client evaluation computes, without a loop over clients."""
+        logits = self.predict()
+        finite = (torch.isfinite(logits).all(dim=-1) | self.padding).all(dim=-1)
+        val, test = (metric_of_clients(metric, logits, self.labels, self.splits[split]) for split in ("val", "test"))
+        return val, test, finite
 
     def train_round(self) -> None:
         """Every client's `local_epochs` optimiser steps, one batched step per epoch."""

@@ -300,12 +300,15 @@ def run_together(
                 _save_snapshot(p.server.snapshot(), Path(snapshot_dir) / p.spec.run_key / f"round{index}.pt")
 
         evaluated = time.perf_counter()
-        logits = together.predict() if together is not None else None
+        scores = together.evaluate(data.metric) if together is not None else None  # every run's clients in one pass
         first = 0
         for p in parties:
-            own_logits = logits[first : first + len(p.clients)] if logits is not None else None
+            if scores is not None:
+                val, test, finite = (s[first : first + len(p.clients)] for s in scores)
+                finite = finite.all().float()
+            else:
+                val, test, finite = _evaluate(p.clients, metric)
             first += len(p.clients)
-            val, test, finite = _evaluate(p.clients, metric, own_logits)
             means = torch.stack([_nanmean(val), _nanmean(test), _nanmean(val, val_counts), _nanmean(test, test_counts)])
             host = torch.cat([means, val, test, finite.reshape(1)]).tolist()  # the one host sync per run and round
             summary, all_finite = host[:4], host[-1]
@@ -443,16 +446,12 @@ def _save_snapshot(state: dict, path: Path) -> None:
     os.replace(partial, path)
 
 
-def _evaluate(
-    clients: list, metric: Callable[[Tensor, Tensor], Tensor], batched_logits: list[Tensor] | None = None
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-client validation and test metric of each client's deployable model, and 1.0 if all logits are finite.
-
-    `batched_logits`: the clients' logits computed in one pass (the batched path), else each client predicts.
-    """
+def _evaluate(clients: list, metric: Callable[[Tensor, Tensor], Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-client validation and test metric of each client's deployable model, and 1.0 if all logits are
+    finite (the per-client path; the batched one is `BatchedTraining.evaluate`)."""
     val, test, finite = [], [], []
-    for index, client in enumerate(clients):
-        logits = batched_logits[index] if batched_logits is not None else client.predict()
+    for client in clients:
+        logits = client.predict()
         g = client.graph
         val.append(metric(logits[g.val_mask], g.y[g.val_mask]))
         test.append(metric(logits[g.test_mask], g.y[g.test_mask]))

@@ -33,16 +33,24 @@ BATCHED_CASES = [
 def run_with_logits(spec, federation, device, monkeypatch, batched: bool) -> tuple[dict, list[list]]:
     """The run's record and every client's evaluated logits, round by round (captured at evaluation)."""
     import gfl_bench.runner as runner
+    from gfl_bench.batched import BatchedTraining
 
-    evaluate, seen = runner._evaluate, []
+    evaluate, predict, seen = runner._evaluate, BatchedTraining.predict, []
 
-    def capturing(clients, metric, batched_logits=None):
-        seen.append([t.clone() for t in batched_logits] if batched_logits is not None else [c.predict() for c in clients])
-        return evaluate(clients, metric, batched_logits)
+    def capturing(clients, metric):
+        seen.append([c.predict() for c in clients])
+        return evaluate(clients, metric)
+
+    def capturing_together(trainer):
+        logits = predict(trainer)
+        seen.append([logits[m, :size].clone() for m, size in enumerate(trainer.sizes)])
+        return logits
 
     monkeypatch.setattr(runner, "_evaluate", capturing)
+    monkeypatch.setattr(BatchedTraining, "predict", capturing_together)
     record = run(spec, federation, device, batched=batched)
     monkeypatch.setattr(runner, "_evaluate", evaluate)
+    monkeypatch.setattr(BatchedTraining, "predict", predict)
     return record, seen
 
 
@@ -211,3 +219,12 @@ def test_dropout_mask_is_f_dropouts_draw(p, shape):
     assert torch.equal(torch.get_rng_state(), after_expected)
     if mask.numel() > 20:  # both outcomes drawn: the comparison saw a real mask
         assert 0 < int((mask == 0).sum()) < mask.numel()
+
+
+def test_batched_evaluation_stops_a_diverged_run(tiny_federation, cpu):
+    """The one-pass evaluation checks every client's logits for NaN and inf, as the per-client one does."""
+    from gfl_bench.runner import RunFailed
+
+    spec = make_spec("fedavg", "tiny", "metis", 5, 0, {"lr": "1e30"}, rounds=5)
+    with pytest.raises(RunFailed, match="non-finite predictions at round"):
+        run(spec, tiny_federation, cpu, batched=True)

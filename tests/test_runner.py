@@ -9,7 +9,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from gfl_bench.datasets import DATASETS
-from gfl_bench.metrics import accuracy, roc_auc
+from gfl_bench.metrics import accuracy, metric_of_clients, roc_auc
 from gfl_bench.runner import best_round, per_client_best, resolve_device, run
 from gfl_bench.errors import UserError
 from gfl_bench.spec import make_spec
@@ -72,6 +72,22 @@ def test_accuracy():
     logits = torch.tensor([[2.0, 0.0], [0.0, 1.0], [3.0, 1.0]])
     assert accuracy(logits, torch.tensor([0, 1, 1])).item() == pytest.approx(2 / 3)
     assert math.isnan(accuracy(logits[:0], torch.tensor([], dtype=torch.long)).item())
+
+
+@pytest.mark.parametrize(("name", "metric"), [("accuracy", accuracy), ("roc_auc", roc_auc)])
+def test_metric_of_clients_is_each_clients_own_metric_bit_for_bit(name, metric):
+    """The batched path's one-pass metric gives every client exactly the number the per-client
+    metric gives on its own nodes, NaN for a client whose split is empty (the last one)."""
+    gen = torch.Generator().manual_seed(2)
+    clients, padded = 7, 300
+    logits = torch.randn(clients, padded, 3, generator=gen).round(decimals=1)  # ties in argmax and ranks
+    y = torch.randint(0, 2 if name == "roc_auc" else 3, (clients, padded), generator=gen)
+    mask = torch.rand(clients, padded, generator=gen) < torch.linspace(0.9, 0.05, clients)[:, None]
+    mask[-1] = False
+    together = metric_of_clients(name, logits, y, mask)
+    for m in range(clients - 1):
+        assert together[m].item() == metric(logits[m][mask[m]], y[m][mask[m]]).item()
+    assert math.isnan(together[-1].item())
 
 
 def test_missing_cuda_is_a_user_error():
