@@ -40,6 +40,8 @@ stages run client by client and its classifier phase batches on the mended graph
 - The loss is Σ_m (client m's objective on its own slice), so each client's gradient is its own:
   for the GCN, mean CE over client m's training nodes + client m's penalty of its own parameters. After the last step each client's parameters carry their
   slice of the gradient, as after the per-client step (GCFL+ reads it).
+- Evaluation is one forward in eval mode for every client (`evaluate`), scored per client on the
+  padded rows of its validation and test splits (`metrics.metric_of_clients`: accuracy in one pass).
 - Dropout masks are drawn client by client and epoch by epoch, in the order the per-client path
   draws them, so on a CPU both paths give the same numbers up to float summation order
   (`tests/test_batched.py`). On CUDA, dropout's RNG stream differs, so the two paths agree in
