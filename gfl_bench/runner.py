@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from gfl_bench.allocator import keep_freed_memory
+from gfl_bench.allocator import keep_freed_memory, release_excess_heap
 from gfl_bench.backbones import backbone_class, build_backbone, prepared_key
 from gfl_bench.batched import BatchedTraining, batched_trainer
 from gfl_bench.datasets import dataset_spec, load_dataset
@@ -322,6 +322,8 @@ def run_together(
                 on_round(p.spec, index, summary[0], summary[1])
         for p in parties:
             p.phases["evaluate"].append(share * (time.perf_counter() - evaluated))  # the host syncs above end it
+        if device.type == "cpu":
+            release_excess_heap()  # the kept heap's freed memory stays bounded across rounds (gfl_bench/allocator.py)
     execution = "batched" if together is not None else "per-client"
     return [_record(p, data, device, started, execution, sparse_features, len(parties)) for p in parties]
 
