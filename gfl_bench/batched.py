@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -263,18 +264,17 @@ class BatchedGCNTraining(BatchedTraining):
 
     def __init__(self, clients: list[TrainingClient], streams: list[tuple[RunRandomness, int]] | None = None) -> None:
         model = clients[0].model
-        self.prune_below: float | None = getattr(model, "prune_below", None) if hasattr(model.conv1, "mask") else None
+        # FED-PUB's masked GCN: the eval-mode pruning of its masks (`MaskedGCN.pruned`), None for the plain GCN
+        self.pruned: Callable[[Tensor], Tensor] | None = model.pruned if hasattr(model.conv1, "mask") else None
         super().__init__(clients, streams)
 
     def _weight(self, layer: str, training: bool) -> Tensor:
         """The stacked weight of `layer` as the forward uses it: W, or W ⊙ M for the masked GCN (pruned in eval)."""
         weight = self.stacks[f"{layer}.weight" if layer == "classifier" else f"{layer}.lin.weight"]
-        if self.prune_below is None:
+        if self.pruned is None:
             return weight
         mask = self.stacks[f"{layer}.mask"]
-        if not training:
-            mask = mask.masked_fill(mask.abs() < self.prune_below, 0.0)
-        return weight * mask
+        return weight * (mask if training else self.pruned(mask))
 
     def forward(self, training: bool, masks: list[Tensor] | None = None) -> Tensor:
         h = F.relu(self._spread("gcn_adj", self._first_layer(self._weight("conv1", training))) + self.stacks["conv1.bias"][:, None, :])

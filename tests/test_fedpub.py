@@ -3,6 +3,7 @@ regularisers that act only in the paper's mode; checked directly and through the
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from baselines.fedpub import FedPub, FedPubClient, FedPubParams, MaskedGCN, mixing_weights, proxy_graph
@@ -61,6 +62,24 @@ def test_masked_gcn_with_unit_masks_is_the_gcn_and_prunes_in_eval(tiny_federatio
     train_masked = masked(graph)
     torch.manual_seed(1)
     assert not torch.allclose(train_masked, plain(graph))  # in train mode the small masks still count
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("below", [1e-3, 0.37, 0.0, 1e-50])
+def test_pruned_mask_is_the_masked_fill_bit_for_bit(dtype, below):
+    """The one-pass pruning equals M.masked_fill(|M| < threshold, 0) on every entry, the threshold's
+    own value and its neighbours, signed zeros, NaN and infinities included."""
+    model = MaskedGCN(4, 3, 2, 0.0)
+    model.prune_below = below
+    at = torch.tensor(below, dtype=dtype)
+    edges = torch.stack([at, torch.nextafter(at, torch.zeros_like(at)), torch.nextafter(at, torch.ones_like(at) * 2)])
+    special = torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf")], dtype=dtype)
+    mask = torch.cat([edges, -edges, special, torch.randn(10_000, dtype=dtype, generator=torch.Generator().manual_seed(3)) * max(below, 1e-3) * 2])
+    expected = mask.masked_fill(mask.abs() < below, 0.0)
+    pruned = model.pruned(mask)
+    assert torch.equal(pruned.isnan(), expected.isnan())
+    assert torch.equal(pruned.nan_to_num(7.0), expected.nan_to_num(7.0))
+    assert int((pruned == 0).sum()) > 5 or below < 1e-3  # the comparison saw pruned entries
 
 
 def test_masks_never_leave_the_client(tiny_federation, cpu, monkeypatch):
