@@ -79,6 +79,7 @@ from torch_geometric.data import Data
 from baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from gfl_bench.aggregation import client_weights, load_model_state, weighted_mean
 from gfl_bench.backbones import Backbone
+from gfl_bench.dropout import dropout
 from gfl_bench.errors import UserError
 from gfl_bench.graph_ops import binary_adjacency, gcn_adjacency
 from gfl_bench.method import (
@@ -250,9 +251,9 @@ def _mlp(in_dim: int, hidden: int, out_dim: int, layers: int) -> nn.ModuleList:
     return linears
 
 
-def _mlp_forward(linears: nn.ModuleList, h: Tensor, activation: nn.PReLU, dropout: float, training: bool) -> Tensor:
+def _mlp_forward(linears: nn.ModuleList, h: Tensor, activation: nn.PReLU, rate: float, training: bool) -> Tensor:
     for linear in linears[:-1]:
-        h = F.dropout(activation(linear(h)), dropout, training)
+        h = dropout(activation(linear(h)), rate, training)
     return linears[-1](h)
 
 

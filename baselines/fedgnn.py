@@ -56,6 +56,7 @@ from torch_geometric.data import Data
 
 from baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from gfl_bench.backbones import Backbone
+from gfl_bench.dropout import dropout
 from gfl_bench.errors import UserError
 from gfl_bench.graph_ops import gcn_adjacency
 from gfl_bench.method import SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Setup
@@ -148,9 +149,9 @@ class FedGNNClient(FedAvgClient):
             return self.model(self.graph)
         model, n = self.model, self.graph.num_nodes
         h = F.relu(model.conv1(self.graph.x, self.graph.gcn_adj))
-        h = F.dropout(torch.cat([h, self.remote]), model.dropout, model.training)
+        h = dropout(torch.cat([h, self.remote]), model.dropout, model.training)
         h = model.conv2(h, self.expanded_adj)[:n]
-        return model.classifier(F.dropout(F.relu(h), model.dropout, model.training))
+        return model.classifier(dropout(F.relu(h), model.dropout, model.training))
 
     def loss(self) -> Tensor:
         return F.cross_entropy(self.logits()[self.train_index], self.graph.y[self.train_index])

@@ -48,6 +48,7 @@ from torch_geometric.nn import GCNConv
 
 from gfl_bench.aggregation import load_model_state, mixtures, model_state
 from gfl_bench.backbones import GCN, register_backbone
+from gfl_bench.dropout import dropout
 from gfl_bench.errors import UserError
 from gfl_bench.method import (
     SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, Setup, at_least, log_range, non_negative, positive, unit_interval,
@@ -92,11 +93,11 @@ class MaskedGCN(GCN):
 
     def embed(self, graph: Data) -> Tensor:
         h = F.relu(self.conv(self.conv1, graph.x, graph.gcn_adj))
-        h = F.dropout(h, self.dropout, self.training)
+        h = dropout(h, self.dropout, self.training)
         return self.conv(self.conv2, h, graph.gcn_adj)
 
     def forward(self, graph: Data) -> Tensor:
-        h = F.dropout(F.relu(self.embed(graph)), self.dropout, self.training)
+        h = dropout(F.relu(self.embed(graph)), self.dropout, self.training)
         return F.linear(h, self.masked(self.classifier.weight, self.classifier.mask), self.classifier.bias)
 
 

@@ -69,6 +69,7 @@ from torch_geometric.utils import subgraph
 
 from baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from gfl_bench.backbones import Backbone, GraphSAGE, backbone_class
+from gfl_bench.dropout import dropout
 from gfl_bench.errors import UserError
 from gfl_bench.graph_ops import binary_adjacency
 from gfl_bench.method import (
@@ -129,7 +130,7 @@ class NeighGen(nn.Module):
         self.fgen = nn.ModuleList([nn.Linear(latent, 256), nn.Linear(256, 2048), nn.Linear(2048, num_pred * in_dim)])
 
     def encode(self, x: Tensor, adj: Tensor) -> Tensor:
-        h = F.dropout(F.relu(self.encoder[0](x, adj)), self.dropout, self.training)
+        h = dropout(F.relu(self.encoder[0](x, adj)), self.dropout, self.training)
         return F.relu(self.encoder[1](h, adj))
 
     def missing_degree(self, z: Tensor) -> Tensor:
@@ -138,7 +139,7 @@ class NeighGen(nn.Module):
     def generate(self, z: Tensor) -> Tensor:
         """[n, P, d] generated neighbour features; the Gaussian input noise is part of the generator."""
         h = F.relu(self.fgen[0](z + torch.randn_like(z)))
-        h = F.dropout(F.relu(self.fgen[1](h)), self.dropout, self.training)
+        h = dropout(F.relu(self.fgen[1](h)), self.dropout, self.training)
         return torch.tanh(self.fgen[2](h)).view(z.shape[0], self.num_pred, self.in_dim)
 
 

@@ -72,6 +72,7 @@ from baselines.fedavg import FedAvgParams
 from baselines.fedici import UNIFILTER_CONFIG_SPACE
 from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
 from gfl_bench.backbones import Backbone
+from gfl_bench.dropout import dropout
 from gfl_bench.errors import UserError
 from gfl_bench.graph_ops import csr_tensor
 from gfl_bench.method import (
@@ -456,7 +457,7 @@ class FedSSAClient(TrainingClient):
     def loss(self) -> Tensor:
         params, graph, index, labels = self.params, self.graph, self.train_index, self.train_labels
         h = self.model.embed(graph)  # [N, d]
-        logits = self.model.classifier(F.dropout(h, self.model.dropout, self.model.training))  # = model(graph)
+        logits = self.model.classifier(dropout(h, self.model.dropout, self.model.training))  # = model(graph)
         loss = F.cross_entropy(logits[index], labels)
         semantic = params.semantic_weight > 0 and self.semantic_target is not None
         if params.elbo_weight > 0 or semantic:

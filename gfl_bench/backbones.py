@@ -16,6 +16,7 @@ from torch.nn import functional as F
 from torch_geometric.data import Data
 from torch_geometric.nn import GCNConv, SAGEConv
 
+from gfl_bench.dropout import dropout
 from gfl_bench.errors import UserError
 from gfl_bench.graph_ops import EdgeOperators, binary_adjacency, edge_dots, edge_weighted_sum, gcn_adjacency, h2gcn_adjacencies
 
@@ -82,11 +83,11 @@ class GCN(Backbone):
 
     def embed(self, graph: Data) -> Tensor:
         h = F.relu(self.conv1.propagate(graph.gcn_adj, x=input_layer(graph, self.conv1.lin), edge_weight=None) + self.conv1.bias)
-        h = F.dropout(h, self.dropout, self.training)
+        h = dropout(h, self.dropout, self.training)
         return self.conv2(h, graph.gcn_adj)
 
     def forward(self, graph: Data) -> Tensor:
-        h = F.dropout(F.relu(self.embed(graph)), self.dropout, self.training)
+        h = dropout(F.relu(self.embed(graph)), self.dropout, self.training)
         return self.classifier(h)
 
 
@@ -109,11 +110,11 @@ class GraphSAGE(Backbone):
             graph.adj = binary_adjacency(graph.edge_index, graph.num_nodes)
 
     def embed(self, graph: Data) -> Tensor:
-        h = F.dropout(F.relu(self.conv1(graph.x, graph.adj)), self.dropout, self.training)
+        h = dropout(F.relu(self.conv1(graph.x, graph.adj)), self.dropout, self.training)
         return self.conv2(h, graph.adj)
 
     def forward(self, graph: Data) -> Tensor:
-        h = F.dropout(F.relu(self.embed(graph)), self.dropout, self.training)
+        h = dropout(F.relu(self.embed(graph)), self.dropout, self.training)
         return self.classifier(h)
 
 
@@ -162,7 +163,7 @@ class H2GCN(Backbone):
         return self.representations(graph).combined
 
     def forward(self, graph: Data) -> Tensor:
-        h = F.dropout(self.embed(graph), self.dropout, self.training)
+        h = dropout(self.embed(graph), self.dropout, self.training)
         return self.classifier(h)
 
 
@@ -274,7 +275,7 @@ class GAMLP(Backbone):
         hops = graph.gamlp_hops
         h = torch.bmm(self.hop_weights(hops).unsqueeze(1), hops).squeeze(1)  # X̄ = Σ_k α_k X⁽ᵏ⁾, [N, F]
         for layer in self.layers:
-            h = F.dropout(self.act(layer(h)), self.dropout, self.training)
+            h = dropout(self.act(layer(h)), self.dropout, self.training)
         return h
 
     def forward(self, graph: Data) -> Tensor:
@@ -456,19 +457,19 @@ class UniFilter(Backbone):
 
     def filtered(self, graph: Data) -> Tensor:
         """Z = Σ_k w_k ⊙ dropout_C(b_k), the filtered signal before the MLP. [N, F]"""
-        bases = F.dropout(graph.unifilter_bases, self.filter_dropout, self.training)  # [K+1, N, F]
+        bases = dropout(graph.unifilter_bases, self.filter_dropout, self.training)  # [K+1, N, F]
         return (bases * self.level_weights.unsqueeze(1)).sum(0)
 
     def embed(self, graph: Data) -> Tensor:
         """H, the MLP's last hidden layer before the head's dropout. [N, hidden]"""
         h = self.filtered(graph)
         for layer in self.layers:
-            h = F.dropout(h, self.dropout, self.training)
+            h = dropout(h, self.dropout, self.training)
             h = F.relu(layer(h) + h if layer.in_features == layer.out_features else layer(h))
         return h
 
     def forward(self, graph: Data) -> Tensor:
-        return self.classifier(F.dropout(self.embed(graph), self.dropout, self.training))
+        return self.classifier(dropout(self.embed(graph), self.dropout, self.training))
 
 
 class UniFilterCode(UniFilter):
@@ -593,7 +594,7 @@ class DisenGCN(Backbone):
         )  # fmt: skip
 
     def _activate(self, h: Tensor) -> Tensor:
-        return F.dropout(F.leaky_relu(h), self.dropout, self.training)
+        return dropout(F.leaky_relu(h), self.dropout, self.training)
 
     def _route(self, z: Tensor, graph: Data, layers: int) -> Tensor:
         from torch.utils.checkpoint import checkpoint

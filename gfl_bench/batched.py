@@ -63,6 +63,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from gfl_bench.backbones import EGO_ACTIVATIONS, GCN, H2GCN, Backbone, GraphSAGE, H2GCNRepresentations, backbone_class
+from gfl_bench.dropout import dropout_mask
 from gfl_bench.graph_ops import ConstantSparse, row_normalized
 from gfl_bench.metrics import metric_of_clients
 from gfl_bench.randomness import RunRandomness, SharedRandomness
@@ -72,19 +73,6 @@ from gfl_bench.training import TrainingClient
 # Features at least this full are multiplied dense: an embedding bag spends several times a BLAS
 # multiply-add per non-zero (dense features: 2-6x slower than `bmm`; 1.3 % full Cora-like: 15x faster).
 DENSE_SHARE = 0.25
-
-
-def dropout_mask(shape: tuple[int, ...], keep: float, device: torch.device) -> Tensor:
-    """The mask `F.dropout` multiplies by (1/keep where kept, else 0), drawn as it draws it from the current stream.
-
-    On a CPU, torch draws `bernoulli_(keep)` element by element as a float64 uniform compared with
-    `keep`; `torch.rand(float64) < keep` draws the same uniforms from the same generator in one
-    vectorised pass, twice as fast (tests/test_batched.py checks the masks and the generator's state
-    agree). Elsewhere (CUDA's Philox kernels) the draw is F.dropout's own.
-    """
-    if device.type == "cpu":
-        return (torch.rand(shape, dtype=torch.float64) < keep).to(torch.float32).div_(keep)
-    return torch.empty(shape, device=device).bernoulli_(keep).div_(keep)
 
 
 class BatchedTraining(ABC):

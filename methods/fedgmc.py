@@ -44,6 +44,7 @@ from torch_geometric.data import Data
 
 from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
 from gfl_bench.backbones import BACKBONES, FEDGMC_BACKBONE, H2GCN, H2GCNRepresentations, backbone_class
+from gfl_bench.dropout import dropout
 from gfl_bench.errors import UserError
 from gfl_bench.method import (
     SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, Setup, at_least, int_range, log_range, non_negative, positive,
@@ -379,7 +380,7 @@ class FedGMCClient(TrainingClient):
         """Eq. 74 on one forward pass (the batched path calls `objective` on its slice of a batched one)."""
         reps = self.model.representations(self.graph)
         # H2GCN.forward on the same representations: dropout, then the classifier.
-        logits = self.model.classifier(F.dropout(reps.combined, self.model.dropout, self.model.training))
+        logits = self.model.classifier(dropout(reps.combined, self.model.dropout, self.model.training))
         return self.with_penalty(self.objective(logits, reps), dict(self.model.named_parameters()))
 
     def objective(self, logits: Tensor, reps: H2GCNRepresentations) -> Tensor:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from torch.nn import functional as F
 
 from gfl_bench.backbones import build_backbone
 from gfl_bench.method import Round, Setup, method_class
@@ -201,24 +200,6 @@ def test_first_layer_is_each_clients_own_product_for_dense_and_sparse_features(t
     for m, client in enumerate(clients):
         torch.testing.assert_close(product[m, : client.graph.num_nodes], client.graph.x @ weight[m])
         assert not product[m, client.graph.num_nodes :].any()  # padding rows stay zero
-
-
-@pytest.mark.parametrize("p", [0.1, 0.5, 0.65])
-@pytest.mark.parametrize("shape", [(1, 1), (7, 3), (271, 64)])
-def test_dropout_mask_is_f_dropouts_draw(p, shape):
-    """The batched path's CPU mask is the one F.dropout draws at the same point of the stream (the per-client
-    path's), and it leaves the generator where F.dropout leaves it, so later draws agree too."""
-    from gfl_bench.batched import dropout_mask
-
-    torch.manual_seed(11)
-    expected = F.dropout(torch.ones(shape), p, training=True)
-    after_expected = torch.get_rng_state()
-    torch.manual_seed(11)
-    mask = dropout_mask(shape, 1.0 - p, torch.device("cpu"))
-    assert torch.equal(mask, expected)
-    assert torch.equal(torch.get_rng_state(), after_expected)
-    if mask.numel() > 20:  # both outcomes drawn: the comparison saw a real mask
-        assert 0 < int((mask == 0).sum()) < mask.numel()
 
 
 def test_batched_evaluation_stops_a_diverged_run(tiny_federation, cpu):
