@@ -36,6 +36,7 @@ Choices and differences from the official code (docs/baselines/fedpub.md):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -54,6 +55,14 @@ from gfl_bench.method import (
     SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, Setup, at_least, log_range, non_negative, positive, unit_interval,
 )
 from gfl_bench.training import TrainingClient
+
+
+@functools.cache
+def _largest_below(threshold: float, dtype: torch.dtype) -> float:
+    """The largest value of `dtype` below `threshold` (0 for 0): computed once per threshold and dtype,
+    not at every pruning of every mask."""
+    below = torch.tensor(threshold, dtype=dtype)
+    return torch.nextafter(below, torch.zeros_like(below)).item()
 
 
 class MaskedGCN(GCN):
@@ -80,8 +89,7 @@ class MaskedGCN(GCN):
         `prune_below` that is exactly |M| < `prune_below` (NaN and ±inf kept, as a masked fill keeps
         them; tests/test_fedpub.py), a third of the time of abs, compare and fill (FED-PUB prunes its
         three masks at every evaluation and every functional embedding)."""
-        below = torch.tensor(self.prune_below, dtype=mask.dtype)
-        return F.hardshrink(mask, torch.nextafter(below, torch.zeros_like(below)).item())
+        return F.hardshrink(mask, _largest_below(self.prune_below, mask.dtype))
 
     def masked(self, weight: Tensor, mask: Tensor) -> Tensor:
         return weight * (mask if self.training else self.pruned(mask))

@@ -38,8 +38,10 @@ class _MallInfo2(ctypes.Structure):
                 ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]  # fmt: skip
 
 
+@functools.cache
 def _glibc_function(name: str) -> Any | None:
-    """The C library's function `name` on Linux, None where there is no such function (musl, other systems)."""
+    """The C library's function `name` on Linux, None where there is no such function (musl, other systems).
+    Looked up once per process: the runner asks for `mallinfo2` after every round."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -69,10 +71,10 @@ def release_excess_heap(floor: int = RELEASE_FLOOR) -> bool:
     mallinfo2, malloc_trim = _glibc_function("mallinfo2"), _glibc_function("malloc_trim")
     if mallinfo2 is None or malloc_trim is None:
         return False
-    mallinfo2.restype = _MallInfo2
+    mallinfo2.restype = _MallInfo2  # the cached function objects keep these; setting them again is free
+    malloc_trim.argtypes, malloc_trim.restype = (ctypes.c_size_t,), ctypes.c_int
     info = mallinfo2()
     if info.fordblks <= max(floor, info.uordblks):
         return False
-    malloc_trim.argtypes, malloc_trim.restype = (ctypes.c_size_t,), ctypes.c_int
     malloc_trim(0)
     return True
