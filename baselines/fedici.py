@@ -24,13 +24,17 @@ for the concatenation of all levels.
   row uses W and level k ≥ 1 row uses W^(k).
 
 Choices and differences from the official code (docs/baselines/fedici.md):
-- `graph_rule="paper"` (default) is the math above. `graph_rule="code"` reproduces `core/utils.py::Update_W`:
-  P ⊙ r reshaped from its [qD, M] transpose without transposing back (client rows mixed), principal
-  angles by greedy matching of row cosines and averaged with a hard-coded 1/3, h symmetrised with the
-  row sum of min(i, j), and W_i = ReLU(h_i − b_i) with b_i one Newton step from 0 (rows need not sum to 1).
-- Backbone `unifilter` builds the bases as UniFilter's Algorithm 1; `unifilter-code` as the official code
-  (t_k from the previous mixed basis, `homocal`'s index bug). Bases and subspaces depend only on the
-  client graph: computed once (the code recomputes them every round, identically).
+- `graph_rule="paper"` (the Params default) is the math above. `graph_rule="code"` reproduces
+  `core/utils.py::Update_W`: P ⊙ r reshaped from its [qD, M] transpose without transposing back (client
+  rows mixed), principal angles by greedy matching of row cosines and averaged with a hard-coded 1/3, h
+  symmetrised with the row sum of min(i, j), and W_i = ReLU(h_i − b_i) with b_i one Newton step from 0
+  (rows need not sum to 1).
+- Backbone `unifilter` (the Params default) builds the bases as UniFilter's Algorithm 1; `unifilter-code`
+  as the official code (t_k from the previous mixed basis, `homocal`'s index bug). Bases and subspaces
+  depend only on the client graph: computed once (the code recomputes them every round, identically).
+- The `paper` protocol runs the released code's two readings (`graph_rule=code`, `unifilter-code`), which
+  produced the published cells, with `core/config.py`'s values (gfl_bench/presets/fedici.csv); each
+  reading switches back on its own (`--set fedici.graph_rule=paper`, `--set fedici.backbone=unifilter`).
 - PCA by block subspace iteration (seeded by Setup.seed and the client id) instead of a full SVD: the
   same top-q directions to ~1e-10 on our data, without O(N·D·min(N, D)) work on large clients.
 - Evaluation as every method here (protocol §1.3): client-mean at the best client-mean validation
@@ -388,80 +392,6 @@ class FedICIServer(Server):
         return {"graph": self.graph.clone(), "level_graphs": self.level_graphs.clone()}
 
 
-# FedGSP `core/config.py`, per (dataset, scheme, clients; None: every count), in the order of
-# PRESET_FIELDS; "-" keeps the parser default (the Params default). `lam` is set there but never read.
-PRESET_FIELDS = (
-    "levels", "tau", "hidden", "mlp_layers", "lr", "filter_lr", "weight_decay", "filter_weight_decay",
-    "dropout", "filter_dropout", "principal_dims", "alpha", "beta", "gamma",
-)  # fmt: skip
-OFFICIAL_PRESETS: dict[tuple[str, str, int | None], str] = {
-    ("cora", "metis", 5): "10 0.96 32 4 0.149001 0.178501 0.0015 0.002 0.05 0.87 3 0 1.6 -",
-    ("cora", "metis", 10): "7 0.975 512 3 0.15 0.01 0.0005 5e-06 0.15 0.3 - 0.25 2.2 1.6",
-    ("cora", "metis", 20): "7 0.975 512 3 0.15 0.01 0.0005 5e-06 0.15 0.3 - 0.25 2.2 1.6",
-    ("cora", "overlap", 10): "7 0.985 128 3 0.015 0.05 5e-07 5e-07 0.5 0 1 0.282 1.5 5",
-    ("cora", "overlap", 30): "12 0.98 128 3 0.02 0.02 5e-07 5e-07 0.25 0.3 1 0.28 2.22 1",
-    ("cora", "overlap", 50): "7 0.998 256 3 0.015 0.024 5e-07 5e-06 0.2 0.1 1 0.43 2.2 8",
-    ("citeseer", "metis", 5): "7 0.998 128 3 0.15 0.055 5e-06 1e-06 0.2 0 1 0.3 2.2 3",
-    ("citeseer", "metis", 10): "7 0.998 128 3 0.15 0.055 5e-07 5e-06 0.2 0 1 0.28 2.2 3",
-    ("citeseer", "metis", 20): "7 0.998 128 3 0.15 0.055 5e-05 1e-06 0.2 0 1 0.31 2.2 3",
-    ("citeseer", "overlap", 10): "7 0.998 128 3 0.15 0.065 5e-06 0.0005 0.2 0 1 0.38 2.3 3",
-    ("citeseer", "overlap", 30): "3 0.978 64 3 0.15 0.207 5e-05 0.0005 0.33 0.3 1 0.36 2.4 -",
-    ("citeseer", "overlap", 50): "6 0.98 64 5 0.15 0.15 5e-06 5e-05 0.3 0.31 1 0.3 2.25 3",
-    ("pubmed", "metis", 5): "10 0.95 128 4 0.1 0.05 0.0005 0.0001 0 0.4 - 0.25 1.2 -",
-    ("pubmed", "metis", 10): "13 0.8 128 4 0.1 0.05 0.0005 0.0001 0 0.4 6 0.25 1.8 14",
-    ("pubmed", "metis", 20): "13 0.8 128 4 0.1 0.05 0.0005 0.0001 0 0.4 6 0.25 1.75 8",
-    ("pubmed", "overlap", 10): "8 0.8 128 4 0.1 0.05 0.0005 0.0001 0 0.4 6 0.27 1.75 10",
-    ("pubmed", "overlap", 30): "4 0.92 128 4 0.1 0.05 5e-05 5e-05 0.08 0.3 6 0.27 1.75 10",
-    ("pubmed", "overlap", 50): "8 0.8 128 4 0.1 0.05 0.0005 0.0001 0 0.4 6 0.1 1.75 10",
-    ("amazon-computer", "metis", 5): "12 0.97 128 4 0.02 0.025 5e-05 5e-06 0.3 0.3 3 0.16 2.2 3",
-    ("amazon-computer", "metis", 10): "7 0.98 128 3 0.0478 0.045 5e-07 5e-06 0.1 0.3 1 0.1 2.25 5",
-    ("amazon-computer", "metis", 20): "7 0.992 128 3 0.0478 0.045 5e-07 5e-07 0.1 0.3 1 0.1 2.3 4.5",
-    ("amazon-computer", "overlap", 10): "7 0.991111 128 3 0.035 0.025 5e-06 5e-05 0.3 0.3 8 0.0466 2.2 10",
-    ("amazon-computer", "overlap", 30): "7 0.98 128 3 0.015 0.015 5e-06 5e-05 0.15 0.3 8 0.04 2.5 10",
-    ("amazon-computer", "overlap", 50): "5 0.9942 128 3 0.015 0.02 5e-07 5e-06 0.125 0.325 1 0.254 2.5 10",
-    ("amazon-photo", "metis", 5): "10 0.95 256 5 0.006 0.005 5e-05 0.0005 0.4 0.25 - 0.25 1.2 -",
-    ("amazon-photo", "metis", 10): "12 0.955 256 5 0.016 0.015 5e-05 0.0005 0.3 0.25 - 0.28 2.2 5",
-    ("amazon-photo", "metis", 20): "10 0.99 256 5 0.006 0.005 1e-06 1e-07 0.3 0.25 - 0.23 1.25 -",
-    ("amazon-photo", "overlap", 10): "16 0.994 256 5 0.01 0.01 0.0005 0.005 0.25 0.25 1 0.12 2.2 -",
-    ("amazon-photo", "overlap", 30): "7 0.9945 256 5 0.01 0.01 5e-06 5e-06 0.2 0.25 1 0.156 2.2 6",
-    ("amazon-photo", "overlap", 50): "7 0.991 256 5 0.012 0.0112 1e-06 1e-06 0.25 0.25 1 0.16 2.24 3",
-    ("ogbn-arxiv", "metis", 5): "14 0.97 1024 3 0.01 0.06 5e-05 0.005 0.1 0.3 1 0.17 2.2 1",
-    ("ogbn-arxiv", "metis", 10): "15 0.97 1024 3 0.01 0.05 5e-05 0.005 0.1 0.3 1 0.17 2.2 1",
-    ("ogbn-arxiv", "metis", 20): "15 0.96 1024 3 0.025 0.055 5e-06 0.005 0.3 0.3 1 0.17 2.2 2",
-    ("ogbn-arxiv", "overlap", 10): "13 0.97 512 3 0.01 0.05 5e-05 0.005 0.1 0.3 1 0.17 2.22 -",
-    ("ogbn-arxiv", "overlap", 30): "13 0.98 512 3 0.01 0.04 5e-05 0.005 0.05 0.2 1 0.19 2.28 -",
-    ("ogbn-arxiv", "overlap", 50): "13 0.97 256 3 0.015 0.05 5e-07 5e-05 0.05 0.2 1 0.27 2.32 10",
-    ("roman-empire", "metis", 5): "12 0.7 512 3 0.01 0.05 5e-06 0.005 0.3 0.3 - 0.12 1.3 1.6",
-    ("roman-empire", "metis", 10): "13 0.7 256 3 0.01 0.05 5e-06 0.0005 0.6 0 9 0.25 1.2 4",
-    ("roman-empire", "metis", 20): "13 0.7 256 3 0.01 0.05 5e-06 0.0005 0.6 0 9 0.25 1.2 4",
-    ("roman-empire", "overlap", 10): "7 0.7 256 3 0.015 0.05 5e-06 0.0005 0.48 0 9 0.25 1.2 4",
-    ("roman-empire", "overlap", 30): "7 0.7 256 3 0.0155834 0.05 5e-06 0.0005 0.48 0 9 0.25 2.2 10",
-    ("roman-empire", "overlap", 50): "7 0.7 256 3 0.023 0.05 5e-06 0.0005 0.48 0 9 0.22 1.2 10",
-    ("amazon-ratings", "metis", 5): "10 0.6 128 3 0.015 0.025 1e-06 1e-06 0.17 0.35 7 0.17 2.4 4",
-    ("amazon-ratings", "metis", 10): "13 0.6 128 3 0.015 0.025 5e-06 5e-06 0.18 0.35 7 0.35 2.4 4",
-    ("amazon-ratings", "metis", 20): "11 0.6 128 3 0.015 0.025 1e-06 1e-06 0.35 0.35 5 0.19 2.33 4",
-    ("amazon-ratings", "overlap", 10): "12 0.6 128 3 0.015 0.025 1e-06 1e-06 0.25 0.25 8 0.4 2.4 4",
-    ("amazon-ratings", "overlap", 30): "11 0.6 128 3 0.05 0.05 5e-06 5e-06 0.35 0.35 7 0.17 2.2 4",
-    ("amazon-ratings", "overlap", 50): "11 0.6 256 3 0.025 0.025 1e-06 1e-06 0.35 0.35 7 0.17 2.2 4",
-    ("minesweeper", "metis", None): "10 0.7 512 3 0.01 0.05 5e-05 0.005 0.3 0.3 - 0.05 2 50",
-    ("minesweeper", "overlap", 10): "10 0.65 512 3 0.01 0.05 5e-06 0.005 0.35 0.3 - 0.19 2 50",
-    ("minesweeper", "overlap", 30): "10 0.7 512 3 0.01 0.05 5e-05 0.005 0.3 0.3 - 0.05 2 50",
-    ("minesweeper", "overlap", 50): "10 0.65 512 3 0.01 0.05 5e-05 0.005 0.3 0.3 - 0.19 2 50",
-    ("tolokers", "metis", 5): "10 0.7 512 3 0.025 0.05 5e-07 5e-06 0.3 0.3 - 0.28 1.2 1.5",
-    ("tolokers", "metis", 10): "10 0.7 512 3 0.015 0.05 5e-06 0.005 0.3 0.3 - 0.2 1.2 1.6",
-    ("tolokers", "metis", 20): "12 0.53 512 3 0.4 0.35 0.005 0.05 0.28 0.3 - 1e-07 2.22 10",
-    ("tolokers", "overlap", 10): "8 0.7 512 3 0.015 0.05 5e-06 0.005 0.18 0.3 - 0.12 1.2 2",
-    ("tolokers", "overlap", 30): "10 0.62 512 3 0.025 0.025 5e-06 0.005 0.35 0.3 - 0.25 1.2 4",
-    ("tolokers", "overlap", 50): "13 0.6144 256 3 0.15 0.015 5e-06 0.001 0.26 0.26 - 0.045423 1.2 8",
-    ("questions", "metis", 5): "13 0.7 256 6 0.01 0.05 5e-06 0.0005 0.6 0 9 0.25 2.5 4",
-    ("questions", "metis", 10): "13 0.7 256 6 0.01 0.05 5e-06 0.0005 0.6 0 9 0.3 2.3 4",
-    ("questions", "metis", 20): "11 0.7 256 6 0.01 0.05 5e-06 0.0005 0.6 0 9 0.3 2 4",
-    ("questions", "overlap", 10): "7 0.991 256 3 0.05 0.032 5e-07 5e-07 0.3 0.3 3 0.28 2.3 4",
-    ("questions", "overlap", 30): "6 0.9945 256 6 0.0123 0.05 5e-06 0.0005 0.125 0 9 0.28 2.2 10",
-    ("questions", "overlap", 50): "11 0.7 256 6 0.05 0.025 5e-07 0.0005 0.3 0.3 3 0.17 2.2 4",
-}
-
-
 class FedICI(Method):
     name = "fedici"
     title = "FedICI"
@@ -469,11 +399,6 @@ class FedICI(Method):
     Params = FedICIParams
     client = FedICIClient
     server = FedICIServer
-
-    @classmethod
-    def paper_preset(cls, dataset: str, scheme: str, clients: int) -> dict[str, str]:
-        """The per-(dataset, partition, clients) values of FedGSP's `core/config.py`."""
-        row = OFFICIAL_PRESETS.get((dataset, scheme, clients)) or OFFICIAL_PRESETS.get((dataset, scheme, None))
-        if row is None:
-            return {}
-        return {key: value for key, value in zip(PRESET_FIELDS, row.split(), strict=True) if value != "-"}
+    # The released code's readings (graph_rule=code, unifilter-code) and FedGSP `core/config.py`'s block of
+    # each (dataset, partition, clients), every value with its config line (docs/baselines/fedici.md).
+    paper_preset_file = "fedici.csv"

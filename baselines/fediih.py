@@ -73,7 +73,7 @@ from gfl_bench.training import TrainingClient
 @dataclass(frozen=True)
 class FedIIHParams(MethodParams):
     """FedIIH's hyperparameters. Defaults: the `FedIIH_2` folder's parser (`myparser.py`) and
-    `set_config` fallbacks; per-dataset values of appendix Tables 3-4 are `FedIIH.paper_preset`.
+    `set_config` fallbacks; per-dataset values of appendix Tables 3-4 are in presets/fediih.csv.
     Search ranges: appendix Table 5."""
 
     search_space = {
@@ -322,40 +322,6 @@ class FedIIHServer(Server):
 
 # ----------------------------------------------------------------------------- registration
 
-# Appendix Tables 3-4 ("non-overlapping" = metis, "overlapping" = overlap), one configuration per
-# dataset and partition for every client count: K, lr, h, dropout, weight decay, L, T.
-_COLUMNS = ("factors", "lr", "hidden", "dropout", "weight_decay", "routing_layers", "routing_iters")
-_PAPER: dict[tuple[str, str], tuple] = {
-    ("cora", "metis"): (2, 0.02, 128, 0.3, 0.005, 4, 6),
-    ("cora", "overlap"): (2, 0.01, 256, 0.35, 1e-6, 5, 6),
-    ("citeseer", "metis"): (2, 0.01, 256, 0.35, 1e-6, 5, 6),
-    ("citeseer", "overlap"): (2, 0.01, 256, 0.35, 1e-6, 5, 6),
-    ("pubmed", "metis"): (4, 0.01, 256, 0.25, 0.0045, 1, 6),
-    ("pubmed", "overlap"): (2, 0.015, 256, 0.4, 1e-6, 1, 6),
-    ("amazon-computer", "metis"): (6, 0.015, 128, 0.4, 1e-6, 1, 6),
-    ("amazon-computer", "overlap"): (4, 0.015, 128, 0.35, 1e-6, 5, 6),
-    ("amazon-photo", "metis"): (6, 0.015, 256, 0.4, 1e-6, 1, 6),
-    ("amazon-photo", "overlap"): (10, 0.01, 128, 0.35, 1e-6, 1, 5),
-    ("ogbn-arxiv", "metis"): (2, 0.01, 128, 0.35, 1e-6, 5, 6),
-    ("ogbn-arxiv", "overlap"): (2, 0.01, 128, 0.35, 1e-6, 5, 6),
-    ("roman-empire", "metis"): (4, 0.015, 128, 0.35, 1e-6, 1, 6),
-    ("roman-empire", "overlap"): (4, 0.015, 128, 0.35, 1e-6, 1, 6),
-    ("amazon-ratings", "metis"): (4, 0.01, 128, 0.35, 1e-6, 3, 7),
-    ("amazon-ratings", "overlap"): (4, 0.01, 256, 0.35, 1e-6, 5, 6),
-    ("minesweeper", "metis"): (6, 0.01, 256, 0.35, 1e-6, 5, 6),
-    ("minesweeper", "overlap"): (4, 0.01, 128, 0.35, 1e-6, 6, 7),
-    ("tolokers", "metis"): (10, 0.01, 128, 0.35, 0.0045, 1, 2),
-    ("tolokers", "overlap"): (10, 0.01, 128, 0.35, 0.0045, 1, 2),
-    ("questions", "metis"): (8, 0.01, 256, 0.35, 1e-6, 5, 6),
-    ("questions", "overlap"): (2, 0.01, 256, 0.35, 1e-6, 5, 6),
-}
-
-
-# The routing kernel is a compute choice, not a hyperparameter of the paper. The Planetoid cells of
-# docs/reproduction.md were run with the gather kernel and keep it; every other dataset runs the
-# sparse kernel, without which Minesweeper's preset costs about 4 CPU-hours a seed (fediih.md, "Cost").
-_GATHER_CELLS = frozenset({"cora", "citeseer", "pubmed"})
-
 
 class FedIIH(Method):
     name = "fediih"
@@ -364,12 +330,7 @@ class FedIIH(Method):
     Params = FedIIHParams
     client = FedIIHClient
     server = FedIIHServer
-
-    @classmethod
-    def paper_preset(cls, dataset: str, scheme: str, clients: int) -> dict[str, str]:
-        """K and the tuned values of appendix Tables 3-4 for this dataset and partition (τ = 10 everywhere)."""
-        values = _PAPER.get((dataset, scheme))
-        preset = {} if values is None else {key: str(value) for key, value in zip(_COLUMNS, values)}
-        if dataset not in _GATHER_CELLS:
-            preset["routing_kernel"] = "sparse"
-        return preset
+    # K and the tuned values of appendix Tables 3-4 per dataset and partition (τ = 10 everywhere), and the
+    # routing kernel: sparse on every dataset but the Planetoid three, whose stored cells ran the gather kernel
+    # (a compute choice, not a hyperparameter of the paper; docs/baselines/fediih.md, "Cost").
+    paper_preset_file = "fediih.csv"

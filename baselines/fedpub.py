@@ -20,7 +20,7 @@ Choices and differences from the official code (docs/baselines/fedpub.md):
   produced the paper's numbers (with gradients the cells are 4-11 points lower);
   `regularizer_grad=true` is the paper's written objective.
 - τ (`norm_scale`): parser default 10; the `paper` protocol takes the released scripts' 3 for
-  non-overlapping and 5 for overlapping partitions (`FedPub.paper_preset`).
+  non-overlapping and 5 for overlapping partitions (gfl_bench/presets/fedpub.csv).
 - The official client uploads its masks too; the server mixes them and every client discards them
   on load. Here masks never leave the client, which changes nothing but the byte count.
 - The official server also keeps a train-size-weighted global model, used only before the first
@@ -266,8 +266,5 @@ class FedPub(Method):
     client = FedPubClient
     server = FedPubServer
     batchable = True  # CE plus a penalty of the parameters alone, on the masked GCN
-
-    @classmethod
-    def paper_preset(cls, dataset: str, scheme: str, clients: int) -> dict[str, str]:
-        """τ of the released scripts: 3 for disjoint Cora-10, 5 for overlapping Cora-30 (research notes §2.7)."""
-        return {"norm_scale": "3" if scheme == "metis" else "5"}
+    # τ of the released scripts: 3 for disjoint Cora-10, 5 for overlapping Cora-30, on every dataset (research notes §2.7).
+    paper_preset_file = "fedpub.csv"

@@ -69,7 +69,7 @@ from torch_geometric.data import Data
 from torch_geometric.utils import to_scipy_sparse_matrix
 
 from baselines.fedavg import FedAvgParams
-from baselines.fedici import UNIFILTER_CONFIG_SPACE
+from baselines.fedici import UNIFILTER_CONFIG_SPACE, FedICI
 from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
 from gfl_bench.backbones import Backbone
 from gfl_bench.dropout import dropout
@@ -251,81 +251,12 @@ def energy_distances(energies: Tensor) -> Tensor:
 # Hyperparameters
 # ---------------------------------------------------------------------------------------------------
 
-# The UniFilter settings of FedICI's released config (blgpb/FedGSP `core/config.py`, same authors, same
-# backbone and protocol), per (dataset, partition, clients): K, hidden, MLP layers, lr1 (MLP), lr2 (filter),
-# wd1, wd2, dpC (filter dropout), dpM (MLP dropout), τ. FedSSA's own values are unknown (no code, no
-# appendix readable); taking its sibling method's tuned backbone is our guess.
-_FEDICI_BACKBONE: dict[tuple[str, str, int], tuple[int, int, int, float, float, float, float, float, float, float]] = {
-    ("cora", "metis", 5): (10, 32, 4, 0.149001, 0.178501, 0.0015, 0.002, 0.87, 0.05, 0.96),
-    ("cora", "metis", 10): (7, 512, 3, 0.15, 0.01, 5e-4, 5e-6, 0.3, 0.15, 0.975),
-    ("cora", "metis", 20): (7, 512, 3, 0.15, 0.01, 5e-4, 5e-6, 0.3, 0.15, 0.975),
-    ("cora", "overlap", 10): (7, 128, 3, 0.015, 0.05, 5e-7, 5e-7, 0.0, 0.5, 0.985),
-    ("cora", "overlap", 30): (12, 128, 3, 0.02, 0.02, 5e-7, 5e-7, 0.3, 0.25, 0.98),
-    ("cora", "overlap", 50): (7, 256, 3, 0.015, 0.024, 5e-7, 5e-6, 0.1, 0.2, 0.998),
-    ("citeseer", "metis", 5): (7, 128, 3, 0.15, 0.055, 5e-6, 1e-6, 0.0, 0.2, 0.998),
-    ("citeseer", "metis", 10): (7, 128, 3, 0.15, 0.055, 5e-7, 5e-6, 0.0, 0.2, 0.998),
-    ("citeseer", "metis", 20): (7, 128, 3, 0.15, 0.055, 5e-5, 1e-6, 0.0, 0.2, 0.998),
-    ("citeseer", "overlap", 10): (7, 128, 3, 0.15, 0.065, 5e-6, 5e-4, 0.0, 0.2, 0.998),
-    ("citeseer", "overlap", 30): (3, 64, 3, 0.15, 0.207, 5e-5, 5e-4, 0.3, 0.33, 0.978),
-    ("citeseer", "overlap", 50): (6, 64, 5, 0.15, 0.15, 5e-6, 5e-5, 0.31, 0.3, 0.98),
-    ("pubmed", "metis", 5): (10, 128, 4, 0.1, 0.05, 5e-4, 1e-4, 0.4, 0.0, 0.95),
-    ("pubmed", "metis", 10): (13, 128, 4, 0.1, 0.05, 5e-4, 1e-4, 0.4, 0.0, 0.8),
-    ("pubmed", "metis", 20): (13, 128, 4, 0.1, 0.05, 5e-4, 1e-4, 0.4, 0.0, 0.8),
-    ("pubmed", "overlap", 10): (8, 128, 4, 0.1, 0.05, 5e-4, 1e-4, 0.4, 0.0, 0.8),
-    ("pubmed", "overlap", 30): (4, 128, 4, 0.1, 0.05, 5e-5, 5e-5, 0.3, 0.08, 0.92),
-    ("pubmed", "overlap", 50): (8, 128, 4, 0.1, 0.05, 5e-4, 1e-4, 0.4, 0.0, 0.8),
-    ("amazon-computer", "metis", 5): (12, 128, 4, 0.02, 0.025, 5e-5, 5e-6, 0.3, 0.3, 0.97),
-    ("amazon-computer", "metis", 10): (7, 128, 3, 0.0478, 0.045, 5e-7, 5e-6, 0.3, 0.1, 0.98),
-    ("amazon-computer", "metis", 20): (7, 128, 3, 0.0478, 0.045, 5e-7, 5e-7, 0.3, 0.1, 0.992),
-    ("amazon-computer", "overlap", 10): (7, 128, 3, 0.035, 0.025, 5e-6, 5e-5, 0.3, 0.3, 0.991111),
-    ("amazon-computer", "overlap", 30): (7, 128, 3, 0.015, 0.015, 5e-6, 5e-5, 0.3, 0.15, 0.98),
-    ("amazon-computer", "overlap", 50): (5, 128, 3, 0.015, 0.02, 5e-7, 5e-6, 0.325, 0.125, 0.9942),
-    ("amazon-photo", "metis", 5): (10, 256, 5, 0.006, 0.005, 5e-5, 5e-4, 0.25, 0.4, 0.95),
-    ("amazon-photo", "metis", 10): (12, 256, 5, 0.016, 0.015, 5e-5, 5e-4, 0.25, 0.3, 0.955),
-    ("amazon-photo", "metis", 20): (10, 256, 5, 0.006, 0.005, 1e-6, 1e-7, 0.25, 0.3, 0.99),
-    ("amazon-photo", "overlap", 10): (16, 256, 5, 0.01, 0.01, 5e-4, 5e-3, 0.25, 0.25, 0.994),
-    ("amazon-photo", "overlap", 30): (7, 256, 5, 0.01, 0.01, 5e-6, 5e-6, 0.25, 0.2, 0.9945),
-    ("amazon-photo", "overlap", 50): (7, 256, 5, 0.012, 0.0112, 1e-6, 1e-6, 0.25, 0.25, 0.991),
-    ("ogbn-arxiv", "metis", 5): (14, 1024, 3, 0.01, 0.06, 5e-5, 5e-3, 0.3, 0.1, 0.97),
-    ("ogbn-arxiv", "metis", 10): (15, 1024, 3, 0.01, 0.05, 5e-5, 5e-3, 0.3, 0.1, 0.97),
-    ("ogbn-arxiv", "metis", 20): (15, 1024, 3, 0.025, 0.055, 5e-6, 5e-3, 0.3, 0.3, 0.96),
-    ("ogbn-arxiv", "overlap", 10): (13, 512, 3, 0.01, 0.05, 5e-5, 5e-3, 0.3, 0.1, 0.97),
-    ("ogbn-arxiv", "overlap", 30): (13, 512, 3, 0.01, 0.04, 5e-5, 5e-3, 0.2, 0.05, 0.98),
-    ("ogbn-arxiv", "overlap", 50): (13, 256, 3, 0.015, 0.05, 5e-7, 5e-5, 0.2, 0.05, 0.97),
-    ("roman-empire", "metis", 5): (12, 512, 3, 0.01, 0.05, 5e-6, 5e-3, 0.3, 0.3, 0.7),
-    ("roman-empire", "metis", 10): (13, 256, 3, 0.01, 0.05, 5e-6, 5e-4, 0.0, 0.6, 0.7),
-    ("roman-empire", "metis", 20): (13, 256, 3, 0.01, 0.05, 5e-6, 5e-4, 0.0, 0.6, 0.7),
-    ("roman-empire", "overlap", 10): (7, 256, 3, 0.015, 0.05, 5e-6, 5e-4, 0.0, 0.48, 0.7),
-    ("roman-empire", "overlap", 30): (7, 256, 3, 0.0155834, 0.05, 5e-6, 5e-4, 0.0, 0.48, 0.7),
-    ("roman-empire", "overlap", 50): (7, 256, 3, 0.023, 0.05, 5e-6, 5e-4, 0.0, 0.48, 0.7),
-    ("amazon-ratings", "metis", 5): (10, 128, 3, 0.015, 0.025, 1e-6, 1e-6, 0.35, 0.17, 0.6),
-    ("amazon-ratings", "metis", 10): (13, 128, 3, 0.015, 0.025, 5e-6, 5e-6, 0.35, 0.18, 0.6),
-    ("amazon-ratings", "metis", 20): (11, 128, 3, 0.015, 0.025, 1e-6, 1e-6, 0.35, 0.35, 0.6),
-    ("amazon-ratings", "overlap", 10): (12, 128, 3, 0.015, 0.025, 1e-6, 1e-6, 0.25, 0.25, 0.6),
-    ("amazon-ratings", "overlap", 30): (11, 128, 3, 0.05, 0.05, 5e-6, 5e-6, 0.35, 0.35, 0.6),
-    ("amazon-ratings", "overlap", 50): (11, 256, 3, 0.025, 0.025, 1e-6, 1e-6, 0.35, 0.35, 0.6),
-    ("minesweeper", "metis", 5): (10, 512, 3, 0.01, 0.05, 5e-5, 5e-3, 0.3, 0.3, 0.7),
-    ("minesweeper", "metis", 10): (10, 512, 3, 0.01, 0.05, 5e-5, 5e-3, 0.3, 0.3, 0.7),
-    ("minesweeper", "metis", 20): (10, 512, 3, 0.01, 0.05, 5e-5, 5e-3, 0.3, 0.3, 0.7),
-    ("minesweeper", "overlap", 10): (10, 512, 3, 0.01, 0.05, 5e-6, 5e-3, 0.3, 0.35, 0.65),
-    ("minesweeper", "overlap", 30): (10, 512, 3, 0.01, 0.05, 5e-5, 5e-3, 0.3, 0.3, 0.7),
-    ("minesweeper", "overlap", 50): (10, 512, 3, 0.01, 0.05, 5e-5, 5e-3, 0.3, 0.3, 0.65),
-    ("tolokers", "metis", 5): (10, 512, 3, 0.025, 0.05, 5e-7, 5e-6, 0.3, 0.3, 0.7),
-    ("tolokers", "metis", 10): (10, 512, 3, 0.015, 0.05, 5e-6, 5e-3, 0.3, 0.3, 0.7),
-    ("tolokers", "metis", 20): (12, 512, 3, 0.4, 0.35, 5e-3, 0.05, 0.3, 0.28, 0.53),
-    ("tolokers", "overlap", 10): (8, 512, 3, 0.015, 0.05, 5e-6, 5e-3, 0.3, 0.18, 0.7),
-    ("tolokers", "overlap", 30): (10, 512, 3, 0.025, 0.025, 5e-6, 5e-3, 0.3, 0.35, 0.62),
-    ("tolokers", "overlap", 50): (13, 256, 3, 0.15, 0.015, 5e-6, 1e-3, 0.26, 0.26, 0.6144),
-    ("questions", "metis", 5): (13, 256, 6, 0.01, 0.05, 5e-6, 5e-4, 0.0, 0.6, 0.7),
-    ("questions", "metis", 10): (13, 256, 6, 0.01, 0.05, 5e-6, 5e-4, 0.0, 0.6, 0.7),
-    ("questions", "metis", 20): (11, 256, 6, 0.01, 0.05, 5e-6, 5e-4, 0.0, 0.6, 0.7),
-    ("questions", "overlap", 10): (7, 256, 3, 0.05, 0.032, 5e-7, 5e-7, 0.3, 0.3, 0.991),
-    ("questions", "overlap", 30): (6, 256, 6, 0.0123, 0.05, 5e-6, 5e-4, 0.0, 0.125, 0.9945),
-    ("questions", "overlap", 50): (11, 256, 6, 0.05, 0.025, 5e-7, 5e-4, 0.3, 0.3, 0.7),
-}
-_BACKBONE_FIELDS = (  # "lr1" is not used: see FedSSAParams.lr
-    "levels", "hidden", "mlp_layers", "lr1", "filter_lr", "weight_decay", "filter_weight_decay", "filter_dropout", "dropout",
-    "tau",
+# The UniFilter training values FedSSA takes from FedICI's released config (blgpb/FedGSP `core/config.py`, same
+# authors, same backbone and protocol), read from FedICI's preset file: FedSSA's own values are unknown (no
+# code, no appendix readable), and its sibling method's tuned backbone is our guess. Not taken: FedICI's MLP lr
+# (see FedSSAParams.lr), its graph-learning keys, its backbone reading and its schedule (the protocol's).
+FEDICI_BACKBONE_FIELDS = (
+    "levels", "hidden", "mlp_layers", "filter_lr", "weight_decay", "filter_weight_decay", "filter_dropout", "dropout", "tau",
 )  # fmt: skip
 UNIFILTERS = ("unifilter", "unifilter-code")
 
@@ -333,7 +264,7 @@ UNIFILTERS = ("unifilter", "unifilter-code")
 @dataclass(frozen=True)
 class FedSSAParams(FedAvgParams):
     """FedSSA's hyperparameters. Backbone values: FedICI's released defaults (same authors' UniFilter code);
-    method values: ours (no value is published). Per-dataset backbone values: `FedSSA.paper_preset`."""
+    method values: ours (no value is published). Per-dataset backbone values: `FedSSA.paper_preset` (FedICI's file)."""
 
     search_space = {
         **SHARED_SEARCH_SPACE,  # UniFilter is part of the method: no backbone choice
@@ -603,8 +534,6 @@ class FedSSA(Method):
 
     @classmethod
     def paper_preset(cls, dataset: str, scheme: str, clients: int) -> dict[str, str]:
-        """FedICI's released UniFilter values for this setting (our guess for FedSSA's; `_FEDICI_BACKBONE`)."""
-        values = _FEDICI_BACKBONE.get((dataset, scheme, clients))
-        if values is None:
-            return {}
-        return {name: str(value) for name, value in zip(_BACKBONE_FIELDS, values) if name != "lr1"}
+        """FedICI's released UniFilter values for this setting, from FedICI's preset file (our guess for FedSSA's)."""
+        fedici = FedICI.paper_preset(dataset, scheme, clients)
+        return {key: fedici[key] for key in FEDICI_BACKBONE_FIELDS if key in fedici}

@@ -229,15 +229,20 @@ class Method:
     # its `penalty` of the parameters) between its `receive` and `upload`, in every stage where its
     # `trains_locally` says so, so `--batched` may train all clients at once there (gfl_bench/batched.py).
     batchable: ClassVar[bool] = False
+    # The file under gfl_bench/presets/ with the values its source published beyond the Params defaults
+    # (gfl_bench/presets.py); None: the defaults are the whole `paper` configuration. Declared here so
+    # that a missing file is an error rather than a silently empty preset.
+    paper_preset_file: ClassVar[str | None] = None
 
     @classmethod
     def paper_preset(cls, dataset: str, scheme: str, clients: int) -> dict[str, str]:
-        """Values of the `paper` protocol that differ from the Params defaults in this setting.
+        """The `paper` protocol's values in this setting beyond the Params defaults, as `key=value`
+        strings; `rounds` and `local_epochs` set the schedule. Read from `paper_preset_file`."""
+        if cls.paper_preset_file is None:
+            return {}
+        from gfl_bench.presets import preset_values  # presets checks values through this module's Params parsing
 
-        The defaults are already the configuration behind the paper's numbers; a method overrides
-        this only where its source sets a value per dataset or partition (FED-PUB's scripts).
-        """
-        return {}
+        return preset_values(cls, cls.paper_preset_file, dataset, scheme, clients)
 
     @classmethod
     def equivalent(cls, params: MethodParams, scheme: str, local_epochs: int) -> tuple[str, dict[str, Any]] | None:

@@ -4,10 +4,12 @@ A table is honest only when it says how each row was configured, so every run be
 protocol, its record stores the name, and its configuration key includes it: a table of one protocol
 can never pick up a run of another (docs/protocol.md, "Protocols").
 
-- `paper`: each method configured as the paper's numbers were produced. The method's Params defaults
-  are that configuration (the baselines' cells are FED-PUB's, run with FED-PUB's code family: 2-layer
-  GCN, plain-mean aggregation, regularisers as the released code behaves; FedGMC as the paper
-  describes it), plus `Method.paper_preset` where a source sets a value per dataset or partition.
+- `paper`: each method configured as its published numbers were produced. The rows the paper inherits
+  from FED-PUB's Table 1 run FED-PUB's code family (2-layer GCN, plain-mean aggregation, regularisers as
+  the released code behaves), FedGMC as the paper describes it: their Params defaults. Every other
+  baseline runs what its source published (official code or scripts, per dataset where they say so):
+  `Method.paper_preset`, read from a data file with each value's source (gfl_bench/presets.py), which
+  may also set the rounds and local epochs.
 - `fair`: equal effort. Every method's `search_space` is searched on validation with the same trial
   budget (`gflbench tune`, tuning seeds disjoint from the reporting seeds); the chosen values are read
   from a reviewable JSON file per (dataset, scheme, clients) under the tuned folder.
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from gfl_bench.errors import UserError
+from gfl_bench.presets import SCHEDULE_KEYS
 
 PROTOCOLS = {
     "paper": "each method as the paper's numbers were produced, with its source's code and defaults",
@@ -109,9 +112,9 @@ def tune_command(method: str, dataset: str, scheme: str, clients: int) -> str:
 def protocol_values(
     protocol: str, method: type, dataset: str, scheme: str, clients: int, folder: Path | None = None
 ) -> dict[str, str]:
-    """The `key=value` settings a protocol gives one method in one setting, as `--set` strings."""
+    """The `key=value` settings a protocol gives one method's Params in one setting, as `--set` strings."""
     check_protocol(protocol)
-    preset = dict(method.paper_preset(dataset, scheme, clients))
+    preset = {key: value for key, value in method.paper_preset(dataset, scheme, clients).items() if key not in SCHEDULE_KEYS}
     if protocol == "paper":
         return preset
     entry = read_tuned(tuned_dir(folder), dataset, scheme, clients).get("methods", {}).get(method.name)
@@ -121,6 +124,18 @@ def protocol_values(
             f"run `{tune_command(method.name, dataset, scheme, clients)}` first"
         )
     return {**preset, **{key: str(value) for key, value in entry["values"].items()}}  # trials ran on the paper preset
+
+
+def protocol_schedule(protocol: str, method: type, dataset: str, scheme: str, clients: int) -> dict[str, int]:
+    """The rounds and local epochs a protocol sets for one method in one setting ({}: the dataset's schedule).
+
+    Only `paper` sets any, where a method's source trains on its own schedule (FedTAD's and FedGTA's 3 local
+    epochs); under `fair` every method runs the dataset's schedule, the same training budget for all."""
+    check_protocol(protocol)
+    if protocol != "paper":
+        return {}
+    preset = method.paper_preset(dataset, scheme, clients)
+    return {key: int(preset[key]) for key in SCHEDULE_KEYS if key in preset}
 
 
 def hyperparameter_source(protocol: str, folder: Path | None = None) -> str:

@@ -23,7 +23,7 @@ from gfl_bench.datasets import dataset_spec
 from gfl_bench.errors import UserError
 from gfl_bench.method import MethodParams, method_class, resolve_params
 from gfl_bench.partition import DEFAULT_DATA_SEED, check_clients
-from gfl_bench.protocol import DEFAULT_PROTOCOL, protocol_values
+from gfl_bench.protocol import DEFAULT_PROTOCOL, protocol_schedule, protocol_values
 
 HARNESS_VERSION = 2  # 2: protocols (paper defaults: GCN baselines, plain mean, FED-PUB code regularisers)
 
@@ -89,15 +89,20 @@ def make_spec(
     data_seed: int = DEFAULT_DATA_SEED,
     protocol: str = DEFAULT_PROTOCOL,
     tuned: Path | None = None,
+    shared_schedule: bool = False,
 ) -> RunSpec:
     """Resolve names, the protocol's values and `overrides` (on top) into a RunSpec.
 
+    Rounds and local epochs: `rounds` / `local_epochs` if given, else the protocol's for this method
+    (`paper` runs a source's own schedule, FedTAD's 3 local epochs), else the dataset's; `shared_schedule`
+    skips the protocol's (the trials of `gflbench tune`, which run at `fair`'s schedule, the dataset's).
     Every bad input raises UserError here, before any work; so does `fair` without tuned values.
     """
     method_cls = method_class(method)
     data = dataset_spec(dataset)
     check_clients(scheme, clients)
     preset = protocol_values(protocol, method_cls, dataset, scheme, clients, tuned)
+    schedule = {} if shared_schedule else protocol_schedule(protocol, method_cls, dataset, scheme, clients)
     params = resolve_params(method_cls, {**preset, **(overrides or {})})
     backbone_class(params.backbone)
     for name, value in (("rounds", rounds), ("local epochs", local_epochs)):
@@ -110,8 +115,8 @@ def make_spec(
         scheme=scheme,
         clients=clients,
         seed=seed,
-        rounds=rounds or data.rounds,
-        local_epochs=local_epochs or data.local_epochs,
+        rounds=rounds or schedule.get("rounds", data.rounds),
+        local_epochs=local_epochs or schedule.get("local_epochs", data.local_epochs),
         data_seed=data_seed,
         protocol=protocol,
     )

@@ -123,7 +123,7 @@ def tune(
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     cls = method_class(method)
-    probe = make_spec(method, dataset, scheme, clients, 0, None, budget.rounds, budget.local_epochs)
+    probe = make_spec(method, dataset, scheme, clients, 0, None, budget.rounds, budget.local_epochs, shared_schedule=True)
     name = study_name(method, dataset, scheme, clients, budget, probe.rounds, probe.local_epochs)
     url = f"sqlite:///{Path(storage_path).resolve()}"
     lock = Path(storage_path).with_name(Path(storage_path).name + f".{hashlib.sha256(name.encode()).hexdigest()[:12]}.lock")
@@ -140,7 +140,8 @@ def tune(
             overrides = {k: str(v) for k, v in values.items()}
             scores = []
             for index, seed in enumerate(budget.tuning_seeds):
-                spec = make_spec(method, dataset, scheme, clients, seed, overrides, budget.rounds, budget.local_epochs)
+                spec = make_spec(method, dataset, scheme, clients, seed, overrides, budget.rounds, budget.local_epochs,
+                                 shared_schedule=True)  # `fair` runs every method at the dataset's schedule
                 best = [float("-inf")]
 
                 def on_round(r: int, val: float, test: float, index: int = index, best: list = best) -> None:

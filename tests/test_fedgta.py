@@ -222,10 +222,13 @@ def test_params_are_checked_and_the_paper_preset_is_the_official_config():
         resolve_params(FedGTA, {"moment_type": "raw"})
     with pytest.raises(UserError, match="out of range"):
         resolve_params(FedGTA, {"accept": "1"})
-    assert FedGTA.paper_preset("cora", "metis", 10) == {"moment_type": "hybrid", "moments": "6", "accept": "0.5"}
+    official = {"hidden": "64", "lr": "0.01", "weight_decay": "0.0005", "dropout": "0.5", "local_epochs": "3", "rounds": "100"}
+    assert FedGTA.paper_preset("cora", "metis", 10) == {**official, "moment_type": "hybrid", "moments": "6", "accept": "0.5"}
     assert FedGTA.paper_preset("pubmed", "metis", 10)["moment_type"] == "origin"
-    assert FedGTA.paper_preset("minesweeper", "metis", 10) == {}
-    assert make_spec("fedgta", "citeseer", "metis", 10, 0).params.moments == 20
+    assert FedGTA.paper_preset("minesweeper", "metis", 10) == official  # config.py sets moments for three datasets only
+    assert FedGTA.paper_preset("tiny", "metis", 5) == {}  # the synthetic test graph runs the Params defaults
+    spec = make_spec("fedgta", "citeseer", "metis", 10, 0)
+    assert (spec.params.moments, spec.params.hidden, spec.params.weight_decay, spec.local_epochs) == (20, 64, 5e-4, 3)
 
 
 def _run(federation, scheme, clients, seed=0, rounds=4, **overrides):

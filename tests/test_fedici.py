@@ -272,6 +272,21 @@ def test_params_and_preset():
     assert FedICI.paper_preset("tiny", "metis", 5) == {}
 
 
+def test_the_paper_protocol_runs_the_released_code_and_each_reading_switches_alone():
+    """The published cells came from the released code: `paper` runs its graph rule and its bases; the
+    corrected math is two independent switches, and the Params defaults (explicit runs' keys) stay put."""
+    assert (FedICIParams().graph_rule, FedICIParams().backbone) == ("paper", "unifilter")
+    paper = make_spec("fedici", "cora", "metis", 10, 0).params
+    assert (paper.graph_rule, paper.backbone, paper.hidden, paper.lr) == ("code", "unifilter-code", 512, 0.15)
+    rule = make_spec("fedici", "cora", "metis", 10, 0, {"graph_rule": "paper"}).params
+    assert (rule.graph_rule, rule.backbone) == ("paper", "unifilter-code")
+    basis = make_spec("fedici", "cora", "metis", 10, 0, {"backbone": "unifilter"}).params
+    assert (basis.graph_rule, basis.backbone) == ("code", "unifilter")
+    # both switched back: the configuration the stored runs of the corrected math had (same values, same key)
+    corrected = make_spec("fedici", "cora", "metis", 10, 0, {"graph_rule": "paper", "backbone": "unifilter"})
+    assert corrected.params == dataclasses.replace(paper, graph_rule="paper", backbone="unifilter")
+
+
 def test_alpha_beta_zero_is_the_uniform_mean(tiny_federation):
     params = dataclasses.replace(FedICIParams(levels=3, hidden=16), alpha=0.0, beta=0.0)
     server, clients = build_parties(FedICI, params, tiny_federation, rounds=2)

@@ -336,4 +336,5 @@ def test_params_are_checked():
     assert FedSSA.title.endswith("(reimpl.)")
     preset = FedSSA.paper_preset("cora", "metis", 10)
     assert resolve_params(FedSSA, preset).levels == 7 and "lr" not in preset
+    assert "backbone" not in preset  # FedICI's values, not its code reading of the bases (tests/test_presets.py)
     assert FedSSA.paper_preset("tiny", "metis", 5) == {}
