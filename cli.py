@@ -74,7 +74,8 @@ SelectionOption = Annotated[
     typer.Option(
         "--selection",
         help="global: each run's test value at its best client-mean validation round (FED-PUB, default); "
-        "per-client: each client at its own best validation round (FedICI's code). docs/protocol.md.",
+        "per-client: each client at its own best validation round (FedICI's code), and methods that select "
+        "inside themselves (AdaFGL's best epoch) run with that switch on. docs/protocol.md.",
     ),
 ]
 MethodsOption = Annotated[str, typer.Option("--method", "-m", help="Method name(s), comma-separated.")]
@@ -189,6 +190,7 @@ def run(
     local_epochs: EpochsOption = None,
     protocol: ProtocolOption = DEFAULT_PROTOCOL,
     tuned_dir: TunedOption = None,
+    selection: SelectionOption = "global",
     data_seed: Annotated[int, typer.Option(help="Seed of the split and partition.")] = DEFAULT_DATA_SEED,
     data_dir: DataDirOption = None,
     store: StoreOption = DEFAULT_STORE,
@@ -201,13 +203,14 @@ def run(
 ) -> None:
     """Train methods on datasets over the paper's partitions and seeds; store every finished run."""
     check_protocol(protocol)
+    _check_rule(selection)
     methods = split_list(method, "methods")
     datasets = split_list(dataset, "datasets")
     check_scheme(partition)
     counts = parse_ints(clients, "client counts") if clients else list(SCHEMES[partition])
     if seeds < 1:
         raise UserError(f"--seeds must be at least 1, got {seeds}")
-    overrides = parse_overrides(set_ or [], methods)
+    overrides = _selected_overrides(set_, methods, selection)
     snapshots = frozenset(parse_ints(snapshot_rounds, "snapshot rounds")) if snapshot_rounds else frozenset()
     for m in counts:
         check_clients(partition, m)
@@ -250,6 +253,7 @@ def sweep(
     local_epochs: EpochsOption = None,
     protocol: ProtocolOption = DEFAULT_PROTOCOL,
     tuned_dir: TunedOption = None,
+    selection: SelectionOption = "global",
     data_dir: DataDirOption = None,
     store: StoreOption = DEFAULT_STORE,
     retry_failed: RetryOption = False,
@@ -258,6 +262,7 @@ def sweep(
     from gfl_bench.sweep import SWEEP_TABLES, Grid, estimate
 
     check_protocol(protocol)
+    _check_rule(selection)
     registered = list(all_methods())
     if seeds < 1:
         raise UserError(f"--seeds must be at least 1, got {seeds}")
@@ -266,7 +271,7 @@ def sweep(
         chosen_tables = (*SWEEP_TABLES, "sensitivity") if table_ == "all" else (table_,)
         specs = [s for t in chosen_tables
                  for s in _table_specs(t, registered, method, dataset, seeds, set_, rounds, local_epochs, protocol,
-                                       tuned_dir, part_of_all=table_ == "all")]
+                                       tuned_dir, selection, part_of_all=table_ == "all")]
         specs = list({s.run_key: s for s in specs}.values())  # fmt: skip
     else:
         if method is None or dataset is None:
@@ -275,7 +280,8 @@ def sweep(
         counts = parse_ints(clients, "client counts") if clients else list(SCHEMES[partition])
         grid = Grid(tuple(split_list(method, "methods")), tuple(split_list(dataset, "datasets")),
                     tuple((partition, c) for c in counts))  # fmt: skip
-        specs = _grid_specs_checked(grid, None, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned_dir)
+        specs = _grid_specs_checked(grid, None, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned_dir,
+                                    selection)
     if stack_seeds < 1:
         raise UserError(f"--stack-seeds must be at least 1, got {stack_seeds}")
     env = Environment(device, data_dir or default_data_dir(), threads, batched=batched, sparse_features=sparse_features,
@@ -329,14 +335,14 @@ def _planned_device(device: str) -> str | None:
 
 
 def _table_specs(
-    table_, registered, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned, part_of_all=False
+    table_, registered, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned, selection, part_of_all=False
 ) -> list[RunSpec]:
     """The runs one paper table (or the sensitivity figures) needs, restricted to --method / --datasets."""
     from gfl_bench.sweep import table_grid
 
     if table_ != "sensitivity":
         return _grid_specs_checked(table_grid(table_, registered), table_, method, dataset, seeds, set_, rounds,
-                                   local_epochs, protocol, tuned)  # fmt: skip
+                                   local_epochs, protocol, tuned, selection)  # fmt: skip
     from gfl_bench.plots import SENSITIVITY_DATASETS, sensitivity_specs
 
     if method and "fedgmc" not in split_list(method, "methods"):
@@ -349,7 +355,9 @@ def _table_specs(
     return [s for d in chosen for s in sensitivity_specs(d, "metis", 10, seeds, rounds)]
 
 
-def _grid_specs_checked(grid, table_, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned) -> list[RunSpec]:
+def _grid_specs_checked(
+    grid, table_, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned, selection
+) -> list[RunSpec]:
     """Restrict a grid to the chosen methods and datasets, check it, and expand it into specs."""
     from gfl_bench.sweep import Grid, grid_specs
 
@@ -367,7 +375,22 @@ def _grid_specs_checked(grid, table_, method, dataset, seeds, set_, rounds, loca
         check_clients(scheme, m)
     if grid.skipped:
         console.print(f"not implemented yet, skipped: {', '.join(grid.skipped)}")
-    return grid_specs(grid, seeds, parse_overrides(set_ or [], list(grid.methods)), rounds, local_epochs, protocol, tuned)
+    return grid_specs(grid, seeds, _selected_overrides(set_, list(grid.methods), selection), rounds, local_epochs,
+                      protocol, tuned)  # fmt: skip
+
+
+def _check_rule(selection: str) -> None:
+    from gfl_bench import tables
+
+    tables.check_rule(selection)
+
+
+def _selected_overrides(set_: list[str] | None, methods: list[str], selection: str) -> dict[str, dict[str, str]]:
+    """`--set` per method, plus what `--selection` switches on inside a method (tables.rule_overrides), so a
+    run and a table with the same rule meet the same runs."""
+    from gfl_bench import tables
+
+    return {m: tables.rule_overrides(m, selection, values) for m, values in parse_overrides(set_ or [], methods).items()}
 
 
 def _run_grid(
@@ -607,7 +630,8 @@ def table(
         if n != 3 and not any((b.values.notna().any().any() or (b.text == "failed").any().any()) for b in blocks):
             continue
         if selection != "global" and n not in (3, 7):
-            caption = caption.rstrip(".") + f". Selection: {selection} best validation round."
+            caption = caption.rstrip(".") + (f". Selection: {selection} best validation round; methods that select "
+                                             "inside themselves run with their own per-client selection on.")
         if value == "val" and n not in (3, 7):
             caption = caption.rstrip(".") + ". Values: VALIDATION (for choosing settings; not a result)."
         if n != 3:

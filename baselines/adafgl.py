@@ -99,6 +99,8 @@ BLOCK_ELEMENTS = 1 << 22
 class AdaFGLParams(FedAvgParams):
     """Stage 1 is the protocol's FedAvg training (hidden 128, Adam lr 0.01, ...); stage 2 is official `config.py`."""
 
+    added_after_runs = {"keep_best_epoch": True}  # every AdaFGL run stored before the switch kept the best epoch
+
     search_space = {
         **SHARED_SEARCH_SPACE, **BACKBONE_SEARCH_SPACE,
         "threshold": float_range(0.5, 1.0),  # HCS cut between the branches
@@ -133,6 +135,10 @@ class AdaFGLParams(FedAvgParams):
     stage2_lr: float = 1e-2  # stage-2 Adam (official `lr`, OpenFGL `adafgl_lr`; searched log [1e-3, 1e-1])
     stage2_weight_decay: float = 5e-4  # (official `weight_decay`, OpenFGL `adafgl_weight_decay`)
     fusion: str = "branch"  # "branch": the HCS test picks one branch (official); "mix": HCS-weighted both (OpenFGL)
+    # True: each client predicts with its own best-validation stage-2 epoch (the official per-client best
+    # epoch, a selection inside the method); False: with its latest epoch, and the harness's rule of the
+    # table selects the round, as for every other method. Runs stored before the switch existed had it on.
+    keep_best_epoch: bool = False
 
     def __post_init__(self) -> None:
         if self.weighting not in WEIGHTINGS:
@@ -479,34 +485,48 @@ class AdaFGLClient(FedAvgClient):
         refined = refine(self.graph, self.adjacency, extractor, p)
         self.personal = PersonalModel(refined, self.graph.x, self.hcs, p, setup.num_classes).to(setup.device)
         self.personal_optimizer = torch.optim.Adam(self.personal.parameters(), lr=p.stage2_lr, weight_decay=p.stage2_weight_decay)
-        self.best = extractor  # a client without training labels keeps the extractor's prediction
+        self.kept = extractor  # what `predict` returns; a client without training labels keeps the extractor's
         self.best_score = torch.tensor(float("-inf"), device=setup.device)
 
     def personalise(self) -> None:
-        """`stage2_epochs` steps; after each, keep the prediction if it is the best on the own validation nodes."""
+        """`stage2_epochs` steps, then keep the latest prediction; with `keep_best_epoch`, score the prediction
+        after every step on the client's own validation nodes and keep the best so far instead.
+
+        Evaluation draws no random numbers (dropout is off in eval mode), so both settings train the same
+        models; they differ only in which epoch's prediction is kept.
+        """
         if self.num_train == 0:
             return
-        y, val = self.graph.y, self.val_index
+        y, val, keep_best = self.graph.y, self.val_index, self.params.keep_best_epoch
         for _ in range(self.params.stage2_epochs):
             self.personal.train()
             self.personal_optimizer.zero_grad(set_to_none=True)
             self.personal.objective(y, self.train_index).backward()
             self.personal_optimizer.step()
+            if keep_best:
+                self.keep_if_best(y, val)
+        if not keep_best:
             self.personal.eval()
             with torch.no_grad():
-                probabilities = self.personal.probabilities()
-                score = torch.nan_to_num(self.select_metric(probabilities[val], y[val]), nan=float("-inf"))
-                # strictly better, or no score defined at all (keep the latest, as without selection)
-                take = (score > self.best_score) | (score == float("-inf"))
-                self.best = torch.where(take, probabilities, self.best)
-                self.best_score = torch.maximum(score, self.best_score)
+                self.kept = self.personal.probabilities()
+
+    @torch.no_grad()
+    def keep_if_best(self, y: Tensor, val: Tensor) -> None:
+        """Keep the current prediction if it scores strictly best so far on the own validation nodes."""
+        self.personal.eval()
+        probabilities = self.personal.probabilities()
+        score = torch.nan_to_num(self.select_metric(probabilities[val], y[val]), nan=float("-inf"))
+        # strictly better, or no score defined at all (keep the latest, as without selection)
+        take = (score > self.best_score) | (score == float("-inf"))
+        self.kept = torch.where(take, probabilities, self.kept)
+        self.best_score = torch.maximum(score, self.best_score)
 
     @torch.no_grad()
     def predict(self) -> Tensor:
         """Stage 1: the trained GCN's logits. Stage 2: log of the kept prediction (finite: clamped at the tiniest float)."""
         if self.personal is None:
             return super().predict()
-        return self.best.clamp_min(torch.finfo(self.best.dtype).tiny).log()
+        return self.kept.clamp_min(torch.finfo(self.kept.dtype).tiny).log()
 
 
 class AdaFGLServer(FedAvgServer):
@@ -540,5 +560,6 @@ class AdaFGL(Method):
     title = "AdaFGL"
     summary = "FedAvg extractor, then stage2_rounds of local work per client: HCS test, refined topology, one of two branches"
     Params = AdaFGLParams
+    per_client_selection = ("keep_best_epoch", "true")  # the official per-client best epoch (`--selection per-client`)
     client = AdaFGLClient
     server = AdaFGLServer

@@ -135,9 +135,10 @@ class MethodParams:
     bounds: ClassVar[Mapping[str, Bound]] = {
         "hidden": at_least(1), "lr": positive(), "weight_decay": non_negative(), "dropout": unit_interval(high_open=True),
     }  # fmt: skip
-    # Fields added after runs were stored, each with the value those runs had (its default): at that
-    # value a field stays out of the run key (gfl_bench/spec.py), so the stored runs keep matching;
-    # any other value enters the key. Only for fields whose default leaves every number unchanged.
+    # Fields added after runs were stored, each with the value those runs had: at that value a field
+    # stays out of the run key (gfl_bench/spec.py), so the stored runs keep matching; any other value
+    # (a default that differs, like AdaFGL's keep_best_epoch) enters the key. Only for a value that
+    # computes exactly what the stored runs computed.
     added_after_runs: ClassVar[Mapping[str, Any]] = {}
 
     backbone: str = "gcn"
@@ -233,6 +234,11 @@ class Method:
     # (gfl_bench/presets.py); None: the defaults are the whole `paper` configuration. Declared here so
     # that a missing file is an error rather than a silently empty preset.
     paper_preset_file: ClassVar[str | None] = None
+    # (Params field, value as `--set` text) with which the method itself keeps each client's best-validation
+    # model (AdaFGL's official per-client best epoch). `--selection per-client` runs and tabulates the method
+    # with this value (an explicit --set wins), so that rule applies each method's own per-client selection;
+    # every other rule reads the Params as resolved. None: the method selects nothing inside itself.
+    per_client_selection: ClassVar[tuple[str, str] | None] = None
 
     @classmethod
     def paper_preset(cls, dataset: str, scheme: str, clients: int) -> dict[str, str]:

@@ -97,7 +97,8 @@ class Selection:
     def spec_of(self, method: str, dataset: str, scheme: str, clients: int) -> RunSpec | None:
         """Seed 0's spec of one cell under the selected protocol; None where `fair` has no tuned values."""
         try:
-            return make_spec(method, dataset, scheme, clients, 0, self.overrides.get(method, {}), self.rounds,
+            overrides = rule_overrides(method, self.rule, self.overrides.get(method, {}))
+            return make_spec(method, dataset, scheme, clients, 0, overrides, self.rounds,
                              self.local_epochs, protocol=self.protocol, tuned=self.tuned)  # fmt: skip
         except MissingTuning:
             return None
@@ -355,6 +356,18 @@ def _terminal(blocks: Sequence[Block], caption: str):
 def check_rule(rule: str) -> None:
     if rule not in SELECTION_RULES:
         raise UserError(f"unknown selection rule {rule!r}; choose from {', '.join(SELECTION_RULES)}")
+
+
+def rule_overrides(method: str, rule: str, overrides: Mapping[str, str]) -> dict[str, str]:
+    """One method's `--set` values under a selection rule: `per-client` adds the method's own per-client
+    selection switch (`Method.per_client_selection`, e.g. AdaFGL's best epoch) where `--set` leaves it, so
+    `run` and `table` with the same rule meet the same runs; `global` adds nothing."""
+    check_rule(rule)
+    switch = method_class(method).per_client_selection
+    if rule != "per-client" or switch is None:
+        return dict(overrides)
+    field, value = switch
+    return {field: value, **overrides}
 
 
 def check_value(value: str) -> None:

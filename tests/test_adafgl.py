@@ -4,7 +4,10 @@ FedAvg, and the stages show in the record; through the real runner and the CLI o
 
 from __future__ import annotations
 
+import gzip
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,15 +16,17 @@ from typer.testing import CliRunner
 
 import baselines.adafgl as adafgl
 from baselines.adafgl import (
-    AdaFGL, AdaFGLParams, SignedPropagation, first_personal_round, fusion_weights, homophily_confidence,
+    AdaFGL, AdaFGLParams, PersonalModel, SignedPropagation, first_personal_round, fusion_weights, homophily_confidence,
     label_propagation, phase, refine, refined_features, unit_rows,
 )
 from cli import app
 from gfl_bench.errors import UserError
 from gfl_bench.graph_ops import binary_adjacency, gcn_adjacency
 from gfl_bench.method import Round, resolve_params
+from gfl_bench.metrics import accuracy
 from gfl_bench.runner import run
 from gfl_bench.spec import make_spec
+from gfl_bench.tables import rule_overrides
 from gfl_bench.store import RunStore
 from parties import build_parties
 from test_scale import NoDenseSquare
@@ -248,8 +253,8 @@ def test_stage_one_with_a_plain_mean_is_fedavg(tiny_federation, cpu):
 
 
 def test_end_to_end_on_tiny_metis_records_the_stages(tiny_federation, cpu):
-    record = _run(tiny_federation, cpu, rounds=7, stage2_rounds=4, stage2_epochs=4)
-    again = _run(tiny_federation, cpu, rounds=7, stage2_rounds=4, stage2_epochs=4)
+    record = _run(tiny_federation, cpu, rounds=7, stage2_rounds=4, stage2_epochs=4, keep_best_epoch=True)
+    again = _run(tiny_federation, cpu, rounds=7, stage2_rounds=4, stage2_epochs=4, keep_best_epoch=True)
     assert record["status"] == "ok" and record["curves"] == again["curves"]  # seeded
     assert record["diagnostics"]["stage"] == [1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0]
     assert record["config"]["params"]["stage2_rounds"] == 4 and record["config"]["params"]["stage2_epochs"] == 4
@@ -275,3 +280,68 @@ def test_end_to_end_on_tiny_overlap_through_the_cli(tmp_path, monkeypatch):
     assert record["diagnostics"]["stage"] == [1.0, 1.0, 2.0, 2.0, 2.0]
     assert record["config"]["params"]["stage2_rounds"] == 3
     assert 0.5 < record["test"] <= 1.0
+
+
+# ------------------------------------------------------------------------ the best-epoch switch
+
+
+def _stage_two_predictions(federation, cpu, monkeypatch, keep_best: bool) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
+    """Every client's kept stage-2 prediction after one round of 40 epochs, and each prediction computed on the way."""
+    values = {"stage2_epochs": "40", "stage2_lr": "0.05", "keep_best_epoch": str(keep_best)}
+    server, clients = build_parties(AdaFGL, resolve_params(AdaFGL, values), federation, 1, cpu)
+    seen: list[torch.Tensor] = []
+    original = PersonalModel.probabilities
+    monkeypatch.setattr(PersonalModel, "probabilities", lambda self: seen.append(original(self)) or seen[-1])
+    downloads = server.configure(Round(0), [c.cid for c in clients])  # one round: it is round R1
+    kept, computed = [], []
+    for client in clients:
+        seen.clear()
+        client.fit(Round(0), downloads[client.cid])
+        kept.append(client.kept)  # `predict` returns its log
+        computed.append(list(seen))
+    monkeypatch.undo()
+    return kept, computed
+
+
+def test_the_switch_keeps_each_clients_best_epoch_and_off_the_latest(tiny_federation, cpu, monkeypatch):
+    """Off (default): the prediction is the last epoch's, computed once. On: the client's first best epoch on its
+    own validation nodes. Both train the same models (evaluation draws no random numbers), so off's prediction is
+    on's 40th; in this case two of the five clients score better at an earlier epoch, so the settings differ there."""
+    latest, once = _stage_two_predictions(tiny_federation, cpu, monkeypatch, keep_best=False)
+    best, every = _stage_two_predictions(tiny_federation, cpu, monkeypatch, keep_best=True)
+    graphs = tiny_federation.on_device(AdaFGLParams(), cpu)
+    earlier = 0
+    for graph, off, on, one, epochs in zip(graphs, latest, best, once, every):
+        assert len(one) == 1 and len(epochs) == 40
+        assert torch.equal(off, epochs[-1])  # off = the latest epoch of the same training
+        val = graph.val_mask
+        scores = [float(accuracy(p[val], graph.y[val])) for p in epochs]
+        chosen = scores.index(max(scores))  # the first epoch with the best own-validation accuracy
+        assert torch.equal(on, epochs[chosen])
+        earlier += scores[chosen] > scores[-1]  # its best epoch beats its latest: the two settings predict differently
+    assert earlier > 0  # the case exercises the difference
+
+
+def test_runs_stored_before_the_switch_keep_their_keys():
+    """The AdaFGL records committed before the switch existed kept the best epoch: switched on, a run has their key;
+    the new default (off) is another experiment with its own key."""
+    path = Path(__file__).resolve().parents[1] / "results" / "records" / "2026-12-02-paper.jsonl.gz"
+    with gzip.open(path, "rt") as lines:
+        stored = [r for r in map(json.loads, lines) if r["method"] == "adafgl" and r["protocol"] == "paper"]
+    assert stored
+    for record in stored:
+        cell = (record["dataset"], record["scheme"], record["clients"], record["seed"])
+        on = make_spec("adafgl", *cell, {"keep_best_epoch": "true"}, protocol="paper")
+        off = make_spec("adafgl", *cell, protocol="paper")
+        assert "keep_best_epoch" not in on.config()["params"] and on.run_key == record["run_key"]
+        assert off.params.keep_best_epoch is False and off.config()["params"]["keep_best_epoch"] is False
+        assert off.run_key != record["run_key"]
+
+
+def test_per_client_selection_switches_on_the_methods_own_rule_unless_set():
+    assert rule_overrides("adafgl", "per-client", {}) == {"keep_best_epoch": "true"}
+    assert rule_overrides("adafgl", "per-client", {"keep_best_epoch": "false"}) == {"keep_best_epoch": "false"}
+    assert rule_overrides("adafgl", "global", {"lr": "0.1"}) == {"lr": "0.1"}
+    assert rule_overrides("fedavg", "per-client", {}) == {}  # selects nothing inside itself
+    with pytest.raises(UserError, match="unknown selection rule 'best'"):
+        rule_overrides("adafgl", "best", {})

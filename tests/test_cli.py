@@ -179,3 +179,43 @@ def test_a_table_that_matches_nothing_names_the_nearest_stored_configuration(env
 def test_methods_through_a_pipe_cuts_nothing(env):
     listing = CliRunner().invoke(app, ["methods"])
     assert "…" not in listing.stdout and "fedgmc-wo-structural" in listing.stdout and "weighting=uniform" in listing.stdout
+
+
+def test_per_client_selection_runs_and_tabulates_the_methods_own_selection(env):
+    """`run --selection per-client` runs AdaFGL with its best-epoch switch on, and only `table --selection
+    per-client` (which reads each client's own best round) finds that run; the default rule meets the default run."""
+    runner = CliRunner()
+    common = ["-m", "adafgl", "-d", "tiny", "--rounds", "3", "--set", "adafgl.stage2_epochs=5"]
+    assert runner.invoke(app, ["run", *common, "--clients", "5", "--seeds", "1", "--selection", "per-client"]).exit_code == 0
+    with RunStore(env / "runs.sqlite") as store:
+        (switched,) = store.records()
+    assert "keep_best_epoch" not in switched["config"]["params"]  # on: the value every earlier AdaFGL run had
+
+    def shown(rule: str):
+        result = runner.invoke(app, ["table", *common, "--seeds", "1", "--selection", rule, "-f", "csv"])
+        return result, {line.split(",")[0]: line.split(",")[1] for line in result.stdout.splitlines()[1:]}
+
+    per_client, rows = shown("per-client")
+    assert per_client.exit_code == 0, per_client.output
+    assert rows["AdaFGL [gcn]"].startswith(f"{switched['test_client_best'] * 100:.2f}±")
+    assert shown("global")[0].exit_code == 2  # the switched run is not the default configuration
+
+    assert runner.invoke(app, ["run", *common, "--clients", "5", "--seeds", "1"]).exit_code == 0
+    with RunStore(env / "runs.sqlite") as store:
+        (latest,) = [r for r in store.records() if r["run_key"] != switched["run_key"]]
+    assert latest["config"]["params"]["keep_best_epoch"] is False
+    assert shown("global")[1]["AdaFGL [gcn]"].startswith(f"{latest['test'] * 100:.2f}±")
+
+
+@pytest.mark.parametrize("command", [
+    ["run", "-m", "adafgl", "-d", "tiny", "--clients", "5", "--rounds", "2"],
+    ["sweep", "-m", "adafgl", "-d", "tiny", "--clients", "5", "--rounds", "2"],
+    ["table", "-d", "tiny"],
+    ["compare"],
+])  # fmt: skip
+def test_an_unknown_selection_rule_is_one_line_exit_2_and_stores_nothing(env, command):
+    result = CliRunner().invoke(app, [*command, "--selection", "best"])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == ["error: unknown selection rule 'best'; choose from global, per-client"]
+    assert not (env / "runs.sqlite").exists()
