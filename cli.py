@@ -94,6 +94,7 @@ TunedOption = Annotated[
     typer.Option("--tuned-dir", envvar=TUNED_ENV, help="Folder of the fair protocol's tuned values (default results/tuned)."),
 ]
 RoundsOption = Annotated[Optional[int], typer.Option("--rounds", help="Override the dataset's round count.")]
+AlphaOption = Annotated[float, typer.Option("--alpha", help="Significance level of `table`'s marks and `plot ranks` (docs/protocol.md).")]
 EpochsOption = Annotated[
     Optional[int], typer.Option("--local-epochs", help="Override the dataset's local epochs per round.")
 ]
@@ -585,6 +586,10 @@ def table(
     value: Annotated[
         str, typer.Option(help="test, or val: the validation values settings are chosen by (never a result).")
     ] = "test",
+    alpha: AlphaOption = 0.05,
+    test: Annotated[
+        str, typer.Option("--test", help="Paired test against each column's best: t (from 3 seeds) or wilcoxon (from 6).")
+    ] = "t",
     set_: SetOption = None,
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,
@@ -593,10 +598,15 @@ def table(
     store: StoreOption = DEFAULT_STORE,
     data_dir: DataDirOption = None,
 ) -> None:
-    """Render the paper's Tables 1-7 (mean±std, its layout) from the run store; Table 3 from the data."""
+    """Render the paper's Tables 1-7 (mean±std, its layout) from the run store; Table 3 from the data.
+
+    In Tables 1, 2, 4, 5 and custom tables, each dataset column marks its best mean and the methods not
+    significantly worse than it (docs/protocol.md, "Statistics")."""
     from gfl_bench import tables
+    from gfl_bench.significance import PairedTest
 
     check_protocol(protocol)
+    paired = PairedTest(test, alpha)
     tables.check_format(fmt)
     tables.check_rule(selection)
     tables.check_value(value)
@@ -617,7 +627,7 @@ def table(
     rendered = []
     for n in numbers if not (number is None and chosen_datasets) else [0]:
         if n == 0:
-            blocks, caption = tables.results_table(0, sel, rows, titles, chosen_datasets, partition), f"{', '.join(chosen_datasets)}, {partition} partitioning"
+            blocks, caption = tables.results_table(0, sel, rows, titles, chosen_datasets, partition, paired), f"{', '.join(chosen_datasets)}, {partition} partitioning"
         elif n == 3:
             blocks, caption = tables.dataset_table(data_dir or default_data_dir()), tables.CAPTIONS[3]
         elif n == 6:
@@ -626,7 +636,7 @@ def table(
         elif n == 7:
             blocks, caption = tables.time_table(sel, rows, titles, chosen_datasets or tables.TIME_DATASETS), tables.CAPTIONS[7]
         else:
-            blocks, caption = tables.results_table(n, sel, rows, titles, chosen_datasets), tables.CAPTIONS[n]
+            blocks, caption = tables.results_table(n, sel, rows, titles, chosen_datasets, test=paired), tables.CAPTIONS[n]
         if n != 3 and not any((b.values.notna().any().any() or (b.text == "failed").any().any()) for b in blocks):
             continue
         if selection != "global" and n not in (3, 7):
@@ -943,6 +953,70 @@ def plot_case_study(
     snaps = [torch.load(p) for p in paths]
     title = f"FedGMC on {dataset_spec(dataset).title}, {clients} clients: rounds {before} and {after}"
     _report_figure(plots.case_study(*snaps, title, out or FIGURES / f"case-study-{dataset}-{partition}-{clients}"))
+
+
+@plot_app.command("ranks")
+@friendly
+def plot_ranks(
+    number: Annotated[
+        Optional[str], typer.Argument(help="Paper table 1, 2, 4 or 5; without it, the cells of --dataset and --partition.")
+    ] = None,
+    method: Annotated[
+        Optional[str],
+        typer.Option("--method", "-m", help="Methods; default every stored one except the ablations (see docs/protocol.md)."),
+    ] = None,
+    dataset: Annotated[Optional[str], typer.Option("--dataset", "-d", help="Only these datasets' cells.")] = None,
+    partition: PartitionOption = "metis",
+    alpha: AlphaOption = 0.05,
+    selection: SelectionOption = "global",
+    out: Annotated[Optional[Path], typer.Option(help="File stem; .png and .pdf are written.")] = None,
+    set_: SetOption = None,
+    rounds: RoundsOption = None,
+    local_epochs: EpochsOption = None,
+    protocol: ProtocolOption = DEFAULT_PROTOCOL,
+    tuned_dir: TunedOption = None,
+    store: StoreOption = DEFAULT_STORE,
+) -> None:
+    """Average ranks over a table's cells: Friedman's test and a Nemenyi critical-difference diagram."""
+    from gfl_bench import plots, significance, tables
+
+    check_protocol(protocol)
+    tables.check_rule(selection)
+    significance.check_alpha(alpha)
+    if number is not None and (not number.isdigit() or int(number) not in tables.RESULT_TABLES):
+        raise UserError(f"no results table {number!r}; choose from {', '.join(map(str, tables.RESULT_TABLES))}")
+    chosen = split_list(dataset, "datasets") if dataset else None
+    if number is None and not chosen:
+        raise UserError("give a table number (1, 2, 4, 5) or --dataset for the cells to rank over")
+    for d in chosen or []:
+        dataset_spec(d)
+    check_scheme(partition)
+    registered = all_methods()
+    frame = _stored_runs(store)
+    methods = _chosen_methods(method, frame, registered)
+    if method is None:
+        methods = [m for m in methods if m not in tables.ABLATIONS]
+    sel = tables.Selection(frame, parse_overrides(set_ or [], list(registered)), rounds, local_epochs, rule=selection,
+                           protocol=protocol, tuned=tuned_dir)  # fmt: skip
+    datasets, scheme = tables.result_cells(int(number or 0), chosen, partition)
+    cells = [(d, scheme, c) for d in datasets for c in tables.CLIENTS[scheme]]
+    means, dropped_methods, dropped_cells = significance.cell_means(sel, methods, cells, named=method is not None)
+    left_out = "; ".join(dropped_methods + dropped_cells) or "none"
+    try:
+        analysis = significance.rank_analysis(means, alpha)
+    except UserError as error:
+        raise UserError(f"{error} (at least {significance.RANK_MIN_SEEDS} seeds each; left out: {left_out})") from None
+    k, n = means.shape[1], len(means)
+    verdict = (f"Nemenyi post-hoc at α = {alpha:g}: methods joined by a bar do not differ (CD = {analysis.cd:.2f})"
+               if analysis.rejects else f"Friedman does not reject at α = {alpha:g}: no pairwise difference is claimed")  # fmt: skip
+    caption = (f"Average ranks (1 = highest mean over seeds, at least {significance.RANK_MIN_SEEDS} seeds) of {k} methods "
+               f"over {n} cells ({', '.join(means.index)}); protocol {protocol}, {selection} selection. Friedman "
+               f"χ²({k - 1}) = {analysis.statistic:.2f}, p = {analysis.pvalue:.3g}; {verdict}. Left out: {left_out}.")  # fmt: skip
+    tag = number + (f"-{'-'.join(chosen)}" if chosen else "") if number else f"{'-'.join(datasets)}-{scheme}"
+    titles = {m: c.title for m, c in registered.items()}
+    written = plots.ranks(analysis, titles, caption, out or FIGURES / f"ranks-{protocol}-{tag}")
+    console.print(caption, soft_wrap=True, markup=False, highlight=False)
+    _report_figure(written)
 
 
 def _report_figure(paths: list[Path]) -> None:

@@ -1,9 +1,11 @@
 """The paper's figures from stored runs: convergence curves (Fig. 3, 6, 7), hyperparameter
-sensitivity (Fig. 4, 8, 9) and the FedGMC case study (Fig. 5, 10-15). Each is written as PNG and PDF.
+sensitivity (Fig. 4, 8, 9) and the FedGMC case study (Fig. 5, 10-15); and ours, the methods' average
+ranks across a table's cells (critical-difference diagram). Each is written as PNG and PDF.
 """
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from gfl_bench.datasets import dataset_spec  # noqa: E402
+from gfl_bench.significance import RankAnalysis  # noqa: E402
 from gfl_bench.spec import make_spec  # noqa: E402
 from gfl_bench.store import RunStore  # noqa: E402
 from gfl_bench.tables import Selection  # noqa: E402
@@ -178,3 +181,27 @@ def _structural_panel(ax: plt.Axes, snap: Mapping, title: str) -> None:
     ax.set_title(title, fontsize=10)
     ax.set_xticks([])
     ax.set_yticks([])
+
+
+def ranks(analysis: RankAnalysis, titles: Mapping[str, str], caption: str, out: Path) -> list[Path]:
+    """Critical-difference diagram of the methods' average ranks (scikit-posthocs), the caption below it.
+
+    Methods joined by a bar are not told apart by Nemenyi's test. Where Friedman's test does not
+    reject, no pairwise difference is claimed (Demšar 2006: the post-hoc test only after the
+    omnibus one), so every method is joined.
+    """
+    import pandas as pd
+    import scikit_posthocs
+
+    labels = {m: titles.get(m, m) for m in analysis.means.columns}
+    ranks = analysis.ranks.rename(index=labels)
+    pvalues = analysis.nemenyi if analysis.rejects else analysis.nemenyi * 0 + 1.0
+    pvalues = pd.DataFrame(pvalues.to_numpy(), index=ranks.index, columns=ranks.index)
+    fig, ax = plt.subplots(figsize=(8, 1.5 + 0.3 * len(ranks)))
+    scikit_posthocs.critical_difference_diagram(ranks, pvalues, ax=ax, alpha=analysis.alpha)
+    if analysis.rejects:  # the CD bar above the rank axis's tick labels (the library draws it on them)
+        ax.plot([1, 1 + analysis.cd], [1.3, 1.3], color="black", linewidth=2)
+        ax.text(1 + analysis.cd / 2, 1.45, f"CD = {analysis.cd:.2f}", ha="center", va="bottom", fontsize=9)
+        ax.set_ylim(ax.get_ylim()[0], 2.2)
+    fig.text(0.02, 0.0, textwrap.fill(caption, 120), ha="left", va="top", fontsize=7)
+    return _save(fig, out)

@@ -27,6 +27,7 @@ from gfl_bench.datasets import DATASETS, dataset_spec, is_available, load_datase
 from gfl_bench.errors import UserError
 from gfl_bench.method import method_class
 from gfl_bench.protocol import DEFAULT_PROTOCOL, PROTOCOLS, MissingTuning, hyperparameter_source
+from gfl_bench.significance import FEW, PairedTest, compare_to_best
 from gfl_bench.spec import RunSpec, make_spec
 
 # The paper's row order (Tables 1-2); variants registered later are appended after these.
@@ -78,6 +79,8 @@ class Block:
     text: pd.DataFrame  # rows: method titles; columns: (group, sub-column)
     values: pd.DataFrame  # same shape; NaN where there is no number
     higher_is_better: bool | None = True  # None: no bold/underline
+    marks: pd.DataFrame | None = None  # same shape: a significance.Mark where a column was tested, else None
+    test: PairedTest | None = None  # the test behind `marks`
 
 
 @dataclass(frozen=True)
@@ -116,23 +119,32 @@ class Selection:
     def run_keys(self, method: str, dataset: str, scheme: str, clients: int) -> list[str]:
         return list(self.runs_of(method, dataset, scheme, clients)["run_key"]) if len(self.runs) else []
 
-    def cell(self, method: str, dataset: str, scheme: str, clients: int, column: str | None = None) -> Cell | None:
+    def seed_values(self, method: str, dataset: str, scheme: str, clients: int, column: str | None = None) -> pd.Series | None:
+        """One cell's finished runs' values indexed by seed (percent; s or MB for the cost columns), what tests
+        pair on; None where the store predates the column."""
         chosen = self.runs_of(method, dataset, scheme, clients)
         column = column or self.value
-        if chosen.empty:
-            return None
         if column in ("test", "val"):
             column += SELECTION_RULES[self.rule]
-        if column not in chosen:  # a store written before the column existed
+        if column not in chosen:
             return None
-        ok = chosen[chosen["status"] == "ok"][column].dropna()
+        ok = chosen[chosen["status"] == "ok"].dropna(subset=[column])
+        scale = {"seconds_per_round": 1.0, "peak_memory_bytes": 1.0 / 2**20}.get(column, 100.0)  # s, MB, percent
+        return pd.Series(ok[column].to_numpy(float) * scale, index=ok["seed"])
+
+    def cell(self, method: str, dataset: str, scheme: str, clients: int, column: str | None = None) -> Cell | None:
+        chosen = self.runs_of(method, dataset, scheme, clients)
+        if chosen.empty:
+            return None
+        ok = self.seed_values(method, dataset, scheme, clients, column)
+        if ok is None:  # a store written before the column existed
+            return None
         failed = int((chosen["status"] == "failed").sum())
         if ok.empty and not failed:
             return None
-        scale = {"seconds_per_round": 1.0, "peak_memory_bytes": 1.0 / 2**20}.get(column, 100.0)  # s, MB, percent
         if ok.empty:
             return Cell(math.nan, math.nan, 0, failed)
-        return Cell(float(ok.mean()) * scale, float(ok.std(ddof=0)) * scale, len(ok), failed)
+        return Cell(float(ok.mean()), float(ok.std(ddof=0)), len(ok), failed)
 
     def format(self, cell: Cell | None, decimals: int = 2, with_std: bool = True) -> str:
         if cell is None:
@@ -188,37 +200,54 @@ def method_order(names: Sequence[str]) -> list[str]:
     return known + sorted(n for n in names if n not in known)
 
 
-def results_table(number: int, sel: Selection, methods: Sequence[str], titles: Mapping[str, str],
-                  datasets: Sequence[str] | None = None, scheme: str | None = None) -> list[Block]:  # fmt: skip
-    """Tables 1, 2, 4, 5 (or a custom one: number 0 with datasets and scheme): methods × datasets × clients."""
+def result_cells(number: int, datasets: Sequence[str] | None = None, scheme: str | None = None) -> tuple[list[str], str]:
+    """The datasets and scheme of Table 1, 2, 4 or 5 (restricted to `datasets`), or of a custom table (number 0)."""
     if number:
         table_datasets, scheme = RESULT_TABLES[number]
         datasets = [d for d in table_datasets if datasets is None or d in datasets]
+    return list(datasets or []), scheme
+
+
+def results_table(number: int, sel: Selection, methods: Sequence[str], titles: Mapping[str, str],
+                  datasets: Sequence[str] | None = None, scheme: str | None = None,
+                  test: PairedTest = PairedTest()) -> list[Block]:  # fmt: skip
+    """Tables 1, 2, 4, 5 (or a custom one: number 0 with datasets and scheme): methods × datasets × clients.
+
+    Each dataset column is tested against its best mean (`significance.compare_to_best`); an entry
+    with too few paired seeds says `n<k`. The Avg. columns are not tested.
+    """
+    datasets, scheme = result_cells(number, datasets, scheme)
     per_clients_avg = number in (2, 5)
     clients = CLIENTS[scheme]
     cells = {(m, d, c): sel.cell(m, d, scheme, c) for m in methods for d in datasets for c in clients}
+    tested = {(d, c): compare_to_best({m: v for m in methods if (v := sel.seed_values(m, d, scheme, c)) is not None}, test)
+              for d in datasets for c in clients}  # fmt: skip
     data_columns = [(dataset_spec(d).title, f"{c} Clients") for d in datasets for c in clients]
     avg_groups = ([(f"{c} Clients", [(d, c) for d in datasets]) for c in clients] if per_clients_avg else [])
     avg_groups.append(("All", [(d, c) for d in datasets for c in clients]))
     text: dict[str, list[str]] = {}
     values: dict[str, list[float]] = {}
+    marks: dict[str, list] = {}
     for m in methods:
         row = [cells[(m, d, c)] for d in datasets for c in clients]
         label = sel.row_label(m, titles[m], [(d, scheme, c) for d in datasets for c in clients if cells[(m, d, c)]])
-        text[label] = [sel.format(cell) for cell in row]
+        marks[label] = [tested[(d, c)].get(m) for d in datasets for c in clients]
+        text[label] = [sel.format(cell) + (f" · n<{test.min_seeds}" if mark and mark.verdict == FEW else "")
+                       for cell, mark in zip(row, marks[label])]  # fmt: skip
         values[label] = [cell.mean if cell else math.nan for cell in row]
+        marks[label] += [None] * len(avg_groups)
         for _, members in avg_groups:
             present = [cells[(m, d, c)].mean for d, c in members if cells[(m, d, c)] and cells[(m, d, c)].n]
             mean = sum(present) / len(present) if present else math.nan
             text[label].append("" if not present else f"{mean:.2f}" + ("" if len(present) == len(members) else f" ({len(present)}/{len(members)})"))
             values[label].append(mean)
     columns = data_columns + [("Avg.", name) for name, _ in avg_groups]
-    full = _frame(text, columns), _frame(values, columns)
+    full = _frame(text, columns), _frame(values, columns), _frame(marks, columns)
     blocks = []
     step = 3 * len(clients)
     for start in range(0, len(data_columns), step):
         cols = data_columns[start : start + step] + (columns[len(data_columns):] if start + step >= len(data_columns) else [])
-        blocks.append(Block(full[0][cols], full[1][cols]))
+        blocks.append(Block(full[0][cols], full[1][cols], marks=full[2][cols], test=test))
     return blocks
 
 
@@ -299,11 +328,34 @@ def _frame(rows: Mapping[str, list], columns: list[tuple[str, str]]) -> pd.DataF
 
 
 def render(blocks: Sequence[Block], caption: str, fmt: str):
-    """Blocks in one format: a string (markdown, latex, csv) or a rich renderable (terminal)."""
+    """Blocks in one format: a string (markdown, latex, csv) or a rich renderable (terminal).
+
+    Where the blocks carry significance marks, the caption gains what marks them in this format
+    and the test behind them.
+    """
+    test = next((b.test for b in blocks if b.marks is not None and b.test is not None), None)
+    if test is not None:
+        caption = f"{caption.rstrip('.')}. {MARK_LEGENDS[fmt]}: {test.describe()}."
     if fmt == "terminal":
         return _terminal(blocks, caption)
     writer = {"markdown": _markdown, "latex": _latex, "csv": _csv}[fmt]
     return "\n".join(writer(b, caption if i == 0 else f"{caption} (continued)") for i, b in enumerate(blocks))
+
+
+_TOP = "the best mean of each dataset column and every method not significantly worse than it"
+MARK_LEGENDS = {
+    "terminal": f"†: {_TOP} (also bold on a terminal)",
+    "markdown": f"Bold: {_TOP}",
+    "latex": f"Bold: {_TOP}",
+    "csv": "Columns '<column> top' (best; ns: not significantly worse than the best; worse; n<k: not tested) "
+           "and '<column> p' (adjusted p against the best)",
+}
+
+
+def _top(block: Block) -> pd.DataFrame:
+    """True where an entry is its column's best or not significantly worse than it."""
+    assert block.marks is not None
+    return block.marks.map(lambda mark: mark is not None and mark.top)
 
 
 def _flat(frame: pd.DataFrame) -> pd.DataFrame:
@@ -313,25 +365,37 @@ def _flat(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _markdown(block: Block, caption: str) -> str:
-    return f"**{caption}**\n\n{_flat(block.text).to_markdown()}\n"
+    text = block.text if block.marks is None else block.text.mask(_top(block), "**" + block.text + "**")
+    return f"**{caption}**\n\n{_flat(text).to_markdown()}\n"
 
 
 def _csv(block: Block, caption: str) -> str:
+    """The text columns, then per tested column its verdicts and adjusted p-values (for scripts)."""
+    flat = _flat(block.text)
+    if block.marks is not None:
+        marks = _flat(block.marks)
+        for column in marks.columns[marks.notna().any()]:
+            flat[f"{column} top"] = marks[column].map(lambda m: "" if m is None else f"n<{block.test.min_seeds}" if m.verdict == FEW else m.verdict)
+            flat[f"{column} p"] = marks[column].map(lambda m: "" if m is None or math.isnan(m.p) else f"{m.p:.4g}")
     buffer = io.StringIO()
-    _flat(block.text).to_csv(buffer, lineterminator="\n")
+    flat.to_csv(buffer, lineterminator="\n")
     return f"# {caption}\n{buffer.getvalue()}"
 
 
 def _latex(block: Block, caption: str) -> str:
+    """Bold marks the significance group where a block was tested; else the best bold, the second underlined."""
     marked = block.text.copy()
-    if block.higher_is_better is not None:
+    if block.marks is not None:
+        marked = marked.mask(_top(block), marked.map(lambda s: r"\textbf{%s}" % s))
+    elif block.higher_is_better is not None:
         for column in block.text.columns:
             ranked = block.values[column].drop(index="Average", errors="ignore").dropna()
             ranked = ranked.sort_values(ascending=not block.higher_is_better)
             for rank, style in enumerate((r"\textbf{%s}", r"\underline{%s}")):
                 if len(ranked) > rank:
                     marked.loc[ranked.index[rank], column] = style % marked.loc[ranked.index[rank], column]
-    marked = marked.map(lambda s: s.replace("±", r"$\pm$").replace("↓", r"$\downarrow$").replace("↑", r"$\uparrow$"))
+    symbols = {"±": r"$\pm$", "↓": r"$\downarrow$", "↑": r"$\uparrow$", "<": "$<$"}
+    marked = marked.map(lambda s: "".join(symbols.get(ch, ch) for ch in s))
     body = marked.to_latex(multicolumn=True, multicolumn_format="c", escape=False)
     return f"% {caption}\n{body}"
 
@@ -347,8 +411,9 @@ def _terminal(blocks: Sequence[Block], caption: str):
         t.add_column(block.text.index.name or "")
         for group, sub in block.text.columns:
             t.add_column(f"{group}\n{sub}" if group else sub, justify="right")
-        for name, row in block.text.iterrows():  # Text: `[gcn]` in a label is not rich markup
-            t.add_row(Text(str(name)), *(Text(str(v)) for v in row.tolist()))
+        top = _top(block) if block.marks is not None else block.text.map(lambda _: False)
+        for (name, row), (_, marked) in zip(block.text.iterrows(), top.iterrows()):  # Text: `[gcn]` is not rich markup
+            t.add_row(Text(str(name)), *(Text(f"{v} †", style="bold") if m else Text(str(v)) for v, m in zip(row, marked)))
         tables.append(t)
     return Group(*tables)
 

@@ -43,7 +43,7 @@ def test_sensitivity_reads_one_at_a_time_variations(tmp_path):
     assert len({s.run_key for s in specs}) == len(specs)
     assert {s.params.Q for s in specs if s.params.B == 64 and s.params.tau == 1.0 and s.params.eta == 0.1} >= {5, 20, 40}
     rows = [{"run_key": s.run_key, "config_key": s.config_key, "method": "fedgmc", "dataset": "cora", "scheme": "metis",
-             "clients": 10, "status": "ok", "test": 0.8 + 0.001 * s.seed} for s in specs]  # fmt: skip
+             "clients": 10, "seed": s.seed, "status": "ok", "test": 0.8 + 0.001 * s.seed} for s in specs]  # fmt: skip
     written = plots.sensitivity(Selection(pd.DataFrame(rows), {}, 5), "cora", "metis", 10, tmp_path / "sens")
     assert [p.suffix for p in written] == [".png", ".pdf"] and all(p.stat().st_size > 1000 for p in written)
 

@@ -6,6 +6,7 @@ read the diff before committing it.
 
 from __future__ import annotations
 
+import csv
 import os
 from pathlib import Path
 
@@ -55,6 +56,11 @@ def store(tmp_path_factory) -> Path:
     return path
 
 
+def _rows(output: str) -> dict[str, list[str]]:
+    """A CSV table's rows by method title (label without its backbone)."""
+    return {row[0].split(" [")[0]: row for row in csv.reader(output.splitlines()) if row and not row[0].startswith("#")}
+
+
 CASES = {
     "table1.md": ["table", "1", "-f", "markdown"],
     "table2.tex": ["table", "2", "-f", "latex"],
@@ -76,9 +82,9 @@ def test_table_matches_golden(store, name):
 
 def test_table_marks_failed_and_short_cells(store):
     result = CliRunner().invoke(app, ["table", "1", "-d", "cora", "-f", "csv", "--store", str(store), "--seeds", "3"])
-    rows = {line.split(",")[0].split(" [")[0]: line.split(",") for line in result.stdout.splitlines()}
+    rows = _rows(result.stdout)
     assert rows["FedProx"][3] == "failed"  # Cora, 20 clients
-    assert rows["FedPer"][2].endswith("(n=2)")  # Cora, 10 clients: two of three seeds
+    assert rows["FedPer"][2] == "67.10±0.10 (n=2) · n<3"  # Cora, 10 clients: two of three seeds, too few to test
     assert rows["Local"][1] == "51.20±0.16"  # 0.51 + {0, 0.002, 0.004}: mean 51.20 %, population std 0.16
 
 
@@ -86,7 +92,7 @@ def test_per_client_selection_reads_the_client_best_columns(store):
     args = ["table", "1", "-d", "cora", "-f", "csv", "--store", str(store), "--seeds", "3", "--selection", "per-client"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    rows = {line.split(",")[0].split(" [")[0]: line.split(",") for line in result.stdout.splitlines()}
+    rows = _rows(result.stdout)
     assert rows["Local"][1] == "53.20±0.16"  # the fixture's client-best test value is 2 points above `test`
     assert "Selection: per-client" in result.stdout
 
@@ -96,7 +102,7 @@ def test_value_val_shows_the_validation_that_chose_the_round_and_says_so(store):
             "--value", "val"]  # fmt: skip
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    rows = {line.split(",")[0].split(" [")[0]: line.split(",") for line in result.stdout.splitlines()}
+    rows = _rows(result.stdout)
     assert rows["Local"][1] == "52.20±0.16"  # the fixture's client-best validation is 1 point above `val`
     assert "Values: VALIDATION" in result.stdout
     bad = CliRunner().invoke(app, ["table", "1", "--store", str(store), "--value", "train"])
@@ -118,7 +124,7 @@ def test_ablation_table_marks_drops_and_gains_against_fedgmc():
     for method, test in tests.items():
         spec = make_spec(method, "cora", "metis", 10, 0)
         rows.append({"run_key": spec.run_key, "config_key": spec.config_key, "method": method, "dataset": "cora",
-                     "scheme": "metis", "clients": 10, "status": "ok", "test": test})  # fmt: skip
+                     "scheme": "metis", "clients": 10, "seed": 0, "status": "ok", "test": test})  # fmt: skip
     titles = {m: m for m in tests}
     (block,) = ablation_table(Selection(pd.DataFrame(rows), {}, expected_seeds=1), titles, ["cora"])
     column = block.text.columns[1]  # non-overlapping, 10 clients
@@ -132,5 +138,5 @@ def test_ablation_table_marks_drops_and_gains_against_fedgmc():
 
 def test_cells_with_more_seeds_than_asked_are_marked_too(store):
     result = CliRunner().invoke(app, ["table", "1", "-d", "cora", "-f", "csv", "--store", str(store), "--seeds", "2"])
-    rows = {line.split(",")[0].split(" [")[0]: line.split(",") for line in result.stdout.splitlines()}
-    assert rows["Local"][1].endswith("(n=3)") and not rows["FedPer"][2].endswith(")")  # FedPer, 10 clients: 2 seeds
+    rows = _rows(result.stdout)
+    assert rows["Local"][1].endswith("(n=3)") and "n=" not in rows["FedPer"][2]  # FedPer, 10 clients: 2 seeds
