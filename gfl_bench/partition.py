@@ -12,6 +12,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pymetis
@@ -20,11 +21,13 @@ from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.utils import subgraph
 
+from gfl_bench.datasets import DATA_DIR_ENV, partial_path, remove_stale_partials, say_verbose
 from gfl_bench.errors import UserError
 
 SCHEMES: dict[str, tuple[int, ...]] = {"metis": (5, 10, 20), "overlap": (10, 30, 50)}
 CLIENTS_PER_PART = 5  # overlapping scheme: clients that share one METIS part
 DEFAULT_DATA_SEED = 1234  # the protocol's fixed data seed (FED-PUB generators)
+MAX_DATA_SEED = 2**32 - 1  # METIS keeps a seed's low 32 bits (check_data_seed)
 TRAIN, VAL, TEST = 0, 1, 2
 
 
@@ -103,6 +106,7 @@ def make_partition(
 ) -> Partition:
     """Split the nodes, then partition them by `scheme` into `num_clients` clients."""
     check_clients(scheme, num_clients)
+    check_data_seed(data_seed)
     n = graph.num_nodes
     split = split_nodes(n, fractions, data_seed)
     if scheme == "metis":
@@ -132,6 +136,17 @@ def graph_fingerprint(graph: Data) -> str:
     return h.hexdigest()[:16]
 
 
+def check_data_seed(data_seed: int) -> None:
+    """Reject a data seed the split and METIS cannot both take, before any work is done.
+
+    NumPy's generators take non-negative seeds only, and METIS keeps the low 32 bits of its seed
+    (2**32 + 5 partitions like 5), so 0 .. 2**32 - 1 are the seeds that each give their own partition.
+    """
+    if not 0 <= data_seed <= MAX_DATA_SEED:
+        raise UserError(f"--data-seed must be between 0 and {MAX_DATA_SEED} (the data seed of the split and "
+                        f"METIS), got {data_seed}")  # fmt: skip
+
+
 def cached_partition(
     graph: Data,
     dataset: str,
@@ -143,34 +158,73 @@ def cached_partition(
 ) -> Partition:
     """`make_partition`, kept on disk keyed by dataset, scheme, client count, data seed and graph hash.
 
-    The file carries the partition's content digest; a cache file that does not load, or whose
-    content no longer matches its digest (a damaged disk, a hand edit), is rebuilt, never trusted.
+    A cache file is trusted for nothing its name says: its header carries the setting it was made for
+    (dataset, graph fingerprint, scheme, client count, data seed, split fractions), and its content a
+    digest. A file whose header differs from the requested setting (copied or renamed from another), or
+    whose content does not match its header or its digest (a damaged disk, a hand edit, a file from
+    before the header existed) is rebuilt and written over, never used; `--verbose` says so. Partial
+    files that killed processes left behind are removed. A cache folder that cannot be written is one
+    UserError naming it.
     """
+    check_data_seed(data_seed)
     if cache_dir is None:
         return make_partition(graph, scheme, num_clients, data_seed, fractions)
     fingerprint = graph_fingerprint(graph)
+    identity = {
+        "dataset": dataset, "graph": fingerprint, "scheme": scheme, "clients": num_clients, "data_seed": data_seed,
+        "fractions": list(fractions),
+    }  # fmt: skip
     path = Path(cache_dir) / dataset / f"{scheme}-M{num_clients}-seed{data_seed}-{fingerprint}.pt"
+    remove_stale_partials(path.parent)
     if path.exists():
-        cached = _load_cached(path, scheme, data_seed)
+        cached, problem = _load_cached(path, identity, graph.num_nodes)
         if cached is not None:
             return cached
+        say_verbose(f"partition cache {path}: {problem}; rebuilt")
     partition = make_partition(graph, scheme, num_clients, data_seed, fractions)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + f".{os.getpid()}.partial")
-    payload = {"split": partition.split, "client_nodes": list(partition.client_nodes), "digest": partition.digest()}
-    torch.save(payload, partial)
-    os.replace(partial, path)  # atomic: a killed run never leaves a truncated cache file
+    payload = {
+        "identity": identity, "split": partition.split, "client_nodes": list(partition.client_nodes),
+        "digest": partition.digest(),
+    }  # fmt: skip
+    partial = partial_path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(payload, partial)
+        os.replace(partial, path)  # atomic: a killed run never leaves a truncated cache file
+    except OSError as error:
+        raise UserError(
+            f"cannot write the partition cache {Path(cache_dir) / dataset}: {error.strerror or error}; "
+            f"set {DATA_DIR_ENV} or --data-dir to a writable folder"
+        ) from None
     return partition
 
 
-def _load_cached(path: Path, scheme: str, data_seed: int) -> Partition | None:
-    """The cached partition if the file loads and matches its stored digest; None means rebuild it."""
+def _load_cached(path: Path, identity: dict[str, Any], num_nodes: int) -> tuple[Partition | None, str]:
+    """The cached partition if the file is the one of `identity` and intact; else None and what is wrong."""
     try:
         stored = torch.load(path)
-        partition = Partition(scheme, data_seed, stored["split"], tuple(stored["client_nodes"]))
-        return partition if partition.digest() == stored["digest"] else None
-    except Exception:  # noqa: BLE001 - any damage (truncation, garbage, missing keys) means: rebuild
-        return None
+        split, nodes = stored["split"], tuple(stored["client_nodes"])
+        claimed = stored.get("identity")
+    except Exception as error:  # noqa: BLE001 - any damage (truncation, garbage, missing keys) means: rebuild
+        return None, f"does not load ({type(error).__name__})"
+    if claimed is None:
+        return None, "has no setting in its header (written by an older gflbench)"
+    if claimed != identity:
+        differ = ", ".join(f"{key} {claimed.get(key)!r} (not {value!r})" for key, value in identity.items()
+                           if claimed.get(key) != value)  # fmt: skip
+        return None, f"was made for another setting: {differ}"
+    shapes_fit = (
+        isinstance(split, Tensor) and split.dtype == torch.int8 and split.shape == (num_nodes,)
+        and len(nodes) == identity["clients"]
+        and all(isinstance(n, Tensor) and n.dtype == torch.long and n.dim() == 1 for n in nodes)
+        and all(n.numel() == 0 or (int(n.min()) >= 0 and int(n.max()) < num_nodes) for n in nodes)
+    )  # fmt: skip
+    if not shapes_fit:
+        return None, f"does not hold a split of {num_nodes} nodes over {identity['clients']} clients"
+    partition = Partition(identity["scheme"], identity["data_seed"], split, nodes)
+    if partition.digest() != stored.get("digest"):
+        return None, "content does not match its digest"
+    return partition, ""
 
 
 def client_graphs(graph: Data, partition: Partition) -> list[Data]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import fcntl
 import functools
+import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gfl_bench.errors import UserError
+from gfl_bench.method import resolve_params
 from gfl_bench.presets import SCHEDULE_KEYS
 
 PROTOCOLS = {
@@ -62,24 +64,50 @@ def tuned_file(folder: Path, dataset: str, scheme: str, clients: int) -> Path:
 
 
 def read_tuned(folder: Path, dataset: str, scheme: str, clients: int) -> dict[str, Any]:
-    """The tuned file of one setting ({} when absent); a damaged file is an error naming it."""
+    """The tuned file of one setting ({} when absent); a damaged file, or one made for another setting
+    (copied or renamed from another setting's name), is an error naming it."""
     path = tuned_file(folder, dataset, scheme, clients)
     if not path.exists():
         return {}
+    return copy.deepcopy(_tuned_version(path, dataset, scheme, clients)[0])
+
+
+def _tuned_version(path: Path, dataset: str, scheme: str, clients: int) -> tuple[dict[str, Any], str]:
+    """The parsed file and its sha256, after checking that the setting it names is the one asked for."""
     stat = path.stat()
-    return copy.deepcopy(_parse_tuned(str(path), stat.st_mtime_ns, stat.st_size))
+    content, sha256 = _parse_tuned(str(path), stat.st_mtime_ns, stat.st_size)
+    claimed = (content.get("dataset"), content.get("scheme"), content.get("clients"))
+    if claimed != (dataset, scheme, clients):
+        raise UserError(
+            f"{path} holds tuned values for {claimed[0]} {claimed[1]}-{claimed[2]}, not {dataset} {scheme}-{clients}: "
+            f"tuned values hold for their own setting only; run `gflbench tune` for this one"
+        )
+    return content, sha256
 
 
 @functools.lru_cache(maxsize=64)
-def _parse_tuned(path: str, mtime_ns: int, size: int) -> dict[str, Any]:
-    """Parsed once per file version: a table resolves every cell's configuration through this file."""
+def _parse_tuned(path: str, mtime_ns: int, size: int) -> tuple[dict[str, Any], str]:
+    """Parsed once per file version: a table resolves every cell's configuration through this file.
+    The sha256 is of the bytes parsed, so a record names exactly the version its values came from."""
     try:
-        content = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as error:
+        raw = Path(path).read_bytes()
+        content = json.loads(raw)
+    except (OSError, ValueError) as error:
         raise UserError(f"cannot read the tuned values {path}: {error}; rerun `gflbench tune` for it") from None
     if not isinstance(content, dict) or not isinstance(content.get("methods"), dict):
         raise UserError(f"{path} is not a gflbench tuned-values file; rerun `gflbench tune` for it")
-    return content
+    return content, hashlib.sha256(raw).hexdigest()
+
+
+def tuned_source(
+    protocol: str, dataset: str, scheme: str, clients: int, folder: Path | None = None
+) -> tuple[str | None, str | None]:
+    """The tuned file a protocol's values came from and its sha256, for the run record; (None, None) under
+    `paper`, which reads no tuned file."""
+    if protocol != "fair":
+        return None, None
+    path = tuned_file(tuned_dir(folder), dataset, scheme, clients)
+    return str(path), _tuned_version(path, dataset, scheme, clients)[1]
 
 
 def write_tuned(folder: Path, dataset: str, scheme: str, clients: int, method: str, entry: Mapping[str, Any]) -> Path:
@@ -123,7 +151,19 @@ def protocol_values(
             f"protocol fair has no tuned values for {method.name} on {dataset} {scheme}-{clients}; "
             f"run `{tune_command(method.name, dataset, scheme, clients)}` first"
         )
-    return {**preset, **{key: str(value) for key, value in entry["values"].items()}}  # trials ran on the paper preset
+    path = tuned_file(tuned_dir(folder), dataset, scheme, clients)
+    values = entry.get("values") if isinstance(entry, dict) else None
+    if not isinstance(values, dict) or not all(isinstance(v, (str, int, float)) for v in values.values()):
+        raise UserError(
+            f"{path}: the entry of {method.name} needs a 'values' object of numbers and names, not "
+            f"{json.dumps(entry)[:80]}; run `{tune_command(method.name, dataset, scheme, clients)}` again"
+        )
+    tuned = {key: str(value) for key, value in values.items()}
+    try:
+        resolve_params(method, tuned)
+    except UserError as error:
+        raise UserError(f"{path}: {error}; run `{tune_command(method.name, dataset, scheme, clients)}` again") from None
+    return {**preset, **tuned}  # trials ran on the paper preset
 
 
 def protocol_schedule(protocol: str, method: type, dataset: str, scheme: str, clients: int) -> dict[str, int]:

@@ -28,7 +28,7 @@ from torch_geometric.data import Data
 from gfl_bench.allocator import keep_freed_memory, release_excess_heap
 from gfl_bench.backbones import backbone_class, build_backbone, prepared_key
 from gfl_bench.batched import BatchedTraining, batched_trainer
-from gfl_bench.datasets import dataset_spec, load_dataset
+from gfl_bench.datasets import data_fingerprint, dataset_spec, load_dataset
 from gfl_bench.method import Client, MethodParams, Round, Server, Setup, clone_message, method_class
 from gfl_bench.metrics import metric_fn
 from gfl_bench.partition import Partition, cached_partition, client_graphs
@@ -69,6 +69,7 @@ class FederatedData:
     partition: Partition
     graphs: list[Data]
     prepared: dict[tuple, list[Data]] = field(default_factory=dict)
+    data_fingerprint: str | None = None  # datasets.data_fingerprint of the preprocessed global graph
 
     def on_device(self, params: MethodParams, device: torch.device) -> list[Data]:
         """Client graphs with the operators of the backbone `params` names, on `device`; computed once
@@ -117,6 +118,7 @@ class DataCache:
                 num_classes=int(graph.y.max()) + 1,
                 partition=partition,
                 graphs=client_graphs(graph, partition),
+                data_fingerprint=data_fingerprint(graph),
             )
         return self._federated[key]
 
@@ -358,6 +360,7 @@ def _record(
         "bytes_down": party.bytes_down,
         "diagnostics": party.diagnostics,
         "partition_hash": data.partition.digest(),
+        "data_fingerprint": data.data_fingerprint,  # not in the run key: stored keys stay valid; `import` may compare it
         "started_at": started,
         "finished_at": time.time(),
         **provenance(device),
@@ -376,6 +379,8 @@ def _identity(spec: RunSpec) -> dict:
         "data_seed": spec.data_seed,
         "seed": spec.seed,
         "config": spec.config(),
+        "tuned_file": spec.tuned_file,
+        "tuned_sha256": spec.tuned_sha256,
     }
 
 

@@ -14,7 +14,7 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,8 @@ from gfl_bench.backbones import backbone_class
 from gfl_bench.datasets import dataset_spec
 from gfl_bench.errors import UserError
 from gfl_bench.method import MethodParams, method_class, resolve_params
-from gfl_bench.partition import DEFAULT_DATA_SEED, check_clients
-from gfl_bench.protocol import DEFAULT_PROTOCOL, protocol_schedule, protocol_values
+from gfl_bench.partition import DEFAULT_DATA_SEED, check_clients, check_data_seed
+from gfl_bench.protocol import DEFAULT_PROTOCOL, protocol_schedule, protocol_values, tuned_source
 
 HARNESS_VERSION = 2  # 2: protocols (paper defaults: GCN baselines, plain mean, FED-PUB code regularisers)
 
@@ -40,6 +40,9 @@ class RunSpec:
     local_epochs: int
     data_seed: int = DEFAULT_DATA_SEED
     protocol: str = DEFAULT_PROTOCOL
+    # Where `fair`'s values came from (the tuned file and its sha256), for the record: not in any key.
+    tuned_file: str | None = field(default=None, compare=False)
+    tuned_sha256: str | None = field(default=None, compare=False)
 
     def config(self) -> dict[str, Any]:
         """The resolved configuration shared by every seed and partition of this method on this dataset."""
@@ -101,7 +104,9 @@ def make_spec(
     method_cls = method_class(method)
     data = dataset_spec(dataset)
     check_clients(scheme, clients)
+    check_data_seed(data_seed)
     preset = protocol_values(protocol, method_cls, dataset, scheme, clients, tuned)
+    tuned_file, tuned_sha256 = tuned_source(protocol, dataset, scheme, clients, tuned)
     schedule = {} if shared_schedule else protocol_schedule(protocol, method_cls, dataset, scheme, clients)
     params = resolve_params(method_cls, {**preset, **(overrides or {})})
     backbone_class(params.backbone)
@@ -119,6 +124,8 @@ def make_spec(
         local_epochs=local_epochs or schedule.get("local_epochs", data.local_epochs),
         data_seed=data_seed,
         protocol=protocol,
+        tuned_file=tuned_file,
+        tuned_sha256=tuned_sha256,
     )
 
 

@@ -21,10 +21,12 @@ from scipy.sparse.csgraph import connected_components
 from torch_geometric.data import Data
 from torch_geometric.utils import is_undirected
 
+from gfl_bench import datasets
 from gfl_bench.datasets import (
     DATA_DIR_ENV,
     DATASETS,
     RAW_MIRROR_ENV,
+    VERBOSE_ENV,
     dataset_spec,
     default_data_dir,
     is_available,
@@ -61,6 +63,12 @@ def mirror(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv(RAW_MIRROR_ENV, str(path))
     yield path
     _chmod_tree(path, writable=True)
+
+
+@pytest.fixture
+def stand_ins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Generated stand-ins carry the real files' names, not their bytes: no published checksum applies to them."""
+    monkeypatch.setattr(datasets, "RAW_CHECKSUMS", {})
 
 
 @pytest.fixture
@@ -104,7 +112,7 @@ def test_every_benchmark_dataset_has_a_generated_stand_in() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(raw_formats.WRITERS))
-def test_load_generated_raw_files_through_mirror(name: str, mirror: Path, tmp_path: Path) -> None:
+def test_load_generated_raw_files_through_mirror(name: str, mirror: Path, tmp_path: Path, stand_ins: None) -> None:
     """The real loader reads upstream-format files copied from a read-only mirror and preprocesses them."""
     graph, files = raw_formats.WRITERS[name](mirror)
     _chmod_tree(mirror, writable=False)
@@ -168,7 +176,7 @@ def test_absent_dataset_is_a_user_error_naming_file_and_env_vars(
 
 
 def test_is_available_sees_mirror_and_data_dir(
-    mirror: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    mirror: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stand_ins: None
 ) -> None:
     data_dir = tmp_path / "data"
     assert is_available("tiny", data_dir)
@@ -219,3 +227,101 @@ def test_real_minesweeper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     _assert_clean(data, 2)
     assert data.num_nodes == 10000 and data.x.size(1) == 7
     assert dataset_spec("minesweeper").metric == "roc_auc"
+
+
+def _manifest_rows() -> dict[str, tuple[int, str]]:
+    """path -> (bytes, sha256) of every file the mirror's MANIFEST.md lists with its sha256."""
+    manifest = REAL_MIRROR / "MANIFEST.md"
+    if not manifest.is_file():
+        pytest.skip(f"no MANIFEST.md in {REAL_MIRROR}")
+    rows = {}
+    for line in manifest.read_text().splitlines():
+        cells = [cell.strip() for cell in line.split("|")]
+        if len(cells) > 5 and len(cells[4]) == 64 and cells[3].isdigit():
+            rows[cells[2]] = (int(cells[3]), cells[4])
+    return rows
+
+
+def test_known_checksums_are_the_mirror_manifests() -> None:
+    """The table of published raw files is the MANIFEST's, file for file, and covers every dataset in it."""
+    rows = _manifest_rows()
+    assert len(rows) == 27  # Cora, CiteSeer, PubMed (8 files each), Computers, minesweeper, tolokers
+    for path, (size, sha256) in rows.items():
+        known = datasets.RAW_CHECKSUMS[path]
+        assert (known.size, known.sha256) == (size, sha256), path
+    for name in ("cora", "citeseer", "pubmed", "amazon-computer", "amazon-photo", "roman-empire", "amazon-ratings",
+                 "minesweeper", "tolokers", "questions"):  # fmt: skip
+        spec = dataset_spec(name)
+        assert all(f"{spec.folder}/{rel}" in datasets.RAW_CHECKSUMS for rel in spec.raw_files), name
+
+
+def _change_one_digit(path: Path) -> bytes:
+    """One digit changed in place, same size (the issue's probe on ind.cora.test.index); returns the old bytes."""
+    good = path.read_bytes()
+    at = next(i for i, byte in enumerate(good) if chr(byte).isdigit())
+    path.write_bytes(good[:at] + (b"1" if good[at : at + 1] != b"1" else b"2") + good[at + 1 :])
+    assert path.stat().st_size == len(good)
+    return good
+
+
+@pytest.mark.skipif(not (REAL_MIRROR / "Cora" / "raw").is_dir(), reason=f"no real mirror at {REAL_MIRROR}")
+def test_a_raw_copy_changed_in_place_is_copied_again_or_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(RAW_MIRROR_ENV, str(REAL_MIRROR))
+    first = load_dataset("cora", tmp_path)
+    copy = tmp_path / "Cora" / "raw" / "ind.cora.test.index"
+    good = _change_one_digit(copy)
+    again = load_dataset("cora", tmp_path)
+    assert copy.read_bytes() == good  # copied again from the intact mirror
+    for key in ("x", "y", "edge_index"):
+        assert torch.equal(again[key], first[key])
+    _change_one_digit(copy)
+    monkeypatch.delenv(RAW_MIRROR_ENV)  # no mirror to copy from: the published checksum refuses it by name
+    with pytest.raises(UserError) as error:
+        load_dataset("cora", tmp_path)
+    assert str(copy) in str(error.value) and "sha256" in str(error.value)
+
+
+@pytest.mark.parametrize(("name", "named"), [("cora", "Cora/raw/ind.cora.x"), ("amazon-photo", "Photo/raw/amazon_electronics_photo.npz")])
+def test_a_mirror_file_that_is_not_the_published_one_is_refused(name: str, named: str, mirror: Path, tmp_path: Path) -> None:
+    """Stand-ins under the real names: by sha256 where it is known (Cora), by size where only that is (Photo)."""
+    raw_formats.WRITERS[name](mirror)
+    data_dir = tmp_path / "data"
+    with pytest.raises(UserError) as error:
+        load_dataset(name, data_dir)
+    message = str(error.value)
+    assert str(mirror / named) in message and "corrupted" in message
+    assert not (data_dir / named).exists()  # nothing was copied
+
+
+def test_a_copy_that_differs_from_the_mirror_is_copied_again_without_a_known_checksum(
+    mirror: Path, tmp_path: Path, stand_ins: None
+) -> None:
+    graph, files = raw_formats.WRITERS["roman-empire"](mirror)
+    data_dir = tmp_path / "data"
+    first = load_dataset("roman-empire", data_dir)
+    (rel,) = files
+    copy = bytearray((data_dir / rel).read_bytes())
+    copy[len(copy) // 2] ^= 0xFF
+    (data_dir / rel).write_bytes(bytes(copy))
+    again = load_dataset("roman-empire", data_dir)
+    assert (data_dir / rel).read_bytes() == (mirror / rel).read_bytes()
+    assert torch.equal(again.x, first.x) and torch.equal(again.edge_index, first.edge_index)
+
+
+def test_a_processed_file_changed_inside_is_rebuilt(
+    mirror: Path, tmp_path: Path, stand_ins: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """64 bytes of the features overwritten inside processed/data.pt: torch's zip reader does not check CRCs,
+    so the file loads with other numbers; its fingerprint no longer matches, and it is rebuilt from raw."""
+    graph, _ = raw_formats.WRITERS["cora"](mirror)
+    data_dir = tmp_path / "data"
+    first = load_dataset("cora", data_dir)
+    processed = data_dir / "Cora" / "processed" / "data.pt"
+    raw_formats.overwrite_tensor_bytes(processed, graph.x.size * 4, b"\x00\x00\x00\x40" * 16)  # 2.0: never a bag-of-words value
+    monkeypatch.setenv(VERBOSE_ENV, "1")
+    capsys.readouterr()
+    again = load_dataset("cora", data_dir)
+    for key in ("x", "y", "edge_index"):
+        assert torch.equal(again[key], first[key])
+    said = capsys.readouterr().err
+    assert str(data_dir / "Cora" / "processed") in said and "rebuilt" in said

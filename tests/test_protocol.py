@@ -277,3 +277,61 @@ def test_a_field_added_after_runs_keys_only_its_other_values():
 
     assert keyed_params(Extended()) == keyed_params(FedAvgParams())
     assert keyed_params(Extended(kernel="new")) == {**keyed_params(FedAvgParams()), "kernel": "new"}
+
+
+def _tuned_content(dataset: str = "tiny", scheme: str = "metis", clients: int = 5, entry: object = None) -> dict:
+    entry = {"values": {"lr": 0.01}} if entry is None else entry
+    return {"dataset": dataset, "scheme": scheme, "clients": clients, "methods": {"fedavg": entry}}
+
+
+@pytest.mark.parametrize(
+    "setting", [("cora", "overlap", 30), ("tiny", "overlap", 5), ("tiny", "metis", 10), ("cora", "metis", 5)]
+)
+def test_a_tuned_file_of_another_setting_is_refused_by_name(env, setting):
+    """The issue's probe: the file made for cora overlap-30, read for tiny METIS-5 (renamed or copied)."""
+    path = env / "tuned" / "tiny-metis-5.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(_tuned_content(*setting)))
+    result = CliRunner().invoke(app, ["run", "-m", "fedavg", *TINY, "--seeds", "1", "--protocol", "fair"])
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert str(path) in lines[0] and f"{setting[0]} {setting[1]}-{setting[2]}" in lines[0]
+    assert not (env / "runs.sqlite").exists()
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"trial": 3},  # no values
+        {"values": [0.01]},
+        {"values": "lr=0.01"},
+        "lr=0.01",
+        {"values": {"lr": -1}},
+        {"values": {"lr": [0.01]}},
+        {"values": {"lr": None}},
+        {"values": {"hidden": 1.5}},
+        {"values": {"no_such_parameter": 1}},
+    ],
+)
+def test_a_malformed_tuned_entry_is_one_line_naming_the_file(env, entry):
+    path = env / "tuned" / "tiny-metis-5.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(_tuned_content(entry=entry)))
+    result = CliRunner().invoke(app, ["run", "-m", "fedavg", *TINY, "--seeds", "1", "--protocol", "fair"])
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert str(path) in lines[0] and "fedavg" in lines[0]
+    assert not (env / "runs.sqlite").exists()
+
+
+def test_a_fair_record_names_its_tuned_file_and_its_sha256(env):
+    import hashlib
+
+    path = write_tuned(env / "tuned", "tiny", "metis", 5, "fedavg", {"values": {"lr": 0.02}})
+    runner = CliRunner()
+    assert runner.invoke(app, ["run", "-m", "fedavg", *TINY, "--seeds", "1", "--protocol", "fair"]).exit_code == 0
+    assert runner.invoke(app, ["run", "-m", "fedavg", *TINY, "--seeds", "1"]).exit_code == 0
+    records = {r["protocol"]: r for r in RunStore(env / "runs.sqlite").records()}
+    assert records["fair"]["tuned_file"] == str(path)
+    assert records["fair"]["tuned_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert records["paper"]["tuned_file"] is None and records["paper"]["tuned_sha256"] is None
