@@ -51,7 +51,6 @@ class PresetRow:
     key: str
     value: str
     source: str
-    line: int
 
     def matches(self, dataset: str, scheme: str, clients: int) -> bool:
         return self.dataset in (None, dataset) and self.scheme in (None, scheme) and self.clients in (None, clients)
@@ -72,7 +71,9 @@ def read_preset(method: type[Method], file: str) -> tuple[PresetRow, ...]:
     try:
         stat = path.stat()
     except FileNotFoundError:
-        raise UserError(f"the paper preset file {path} of {method.name} is missing; reinstall gflbench (it ships as package data)") from None
+        raise UserError(
+            f"the paper preset file {path} of {method.name} is missing; reinstall gflbench (it ships as package data)"
+        ) from None
     return _parse(method, str(path), stat.st_mtime_ns, stat.st_size)
 
 
@@ -102,7 +103,7 @@ def _parse(method: type[Method], path: str, mtime_ns: int, size: int) -> tuple[P
     seen: dict[tuple[str | None, str | None, int | None, str], int] = {}
     for number, line in body:
         try:
-            row = _row(method, next(csv.reader([line])), number)
+            row = _row(method, next(csv.reader([line])))
         except UserError as error:
             raise UserError(f"paper preset file {path}, line {number}: {error}") from None
         where = (row.dataset, row.scheme, row.clients, row.key)
@@ -113,7 +114,7 @@ def _parse(method: type[Method], path: str, mtime_ns: int, size: int) -> tuple[P
     return tuple(rows)
 
 
-def _row(method: type[Method], fields: list[str], line: int) -> PresetRow:
+def _row(method: type[Method], fields: list[str]) -> PresetRow:
     """One checked row: known setting, known key, a value the key's field accepts, a source."""
     if len(fields) != len(COLUMNS):
         raise UserError(f"{len(fields)} fields, expected {len(COLUMNS)} ({','.join(COLUMNS)})")
@@ -129,9 +130,7 @@ def _row(method: type[Method], fields: list[str], line: int) -> PresetRow:
     if count is not None and scheme != EVERY:
         check_clients(scheme, count)
     _check_value(method, key, value)
-    return PresetRow(
-        None if dataset == EVERY else dataset, None if scheme == EVERY else scheme, count, key, value, source, line
-    )
+    return PresetRow(None if dataset == EVERY else dataset, None if scheme == EVERY else scheme, count, key, value, source)
 
 
 def _check_value(method: type[Method], key: str, value: str) -> None:
