@@ -127,6 +127,11 @@ def friendly(command: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _say(line: str) -> None:
+    """One plain line on stderr (a note from the store: a wait for a lock, a spooled run)."""
+    err_console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
 def split_list(text: str, what: str) -> list[str]:
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
@@ -408,7 +413,7 @@ def _run_grid(
 ) -> None:
     """Validate devices and data up front, then execute the missing runs with progress, then summarise."""
     from gfl_bench.execute import execute, pending
-    from gfl_bench.runner import DataCache, resolve_device
+    from gfl_bench.runner import DataCache, check_measurable, resolve_device
 
     if env.threads < 0 or workers < 0:
         raise UserError("--threads must be 0 or more and --workers 0 (automatic) or more")
@@ -416,8 +421,9 @@ def _run_grid(
         device = resolve_device(env.device)
         cache = DataCache(env.data_dir, env.data_dir / "partitions" if env.data_dir else None)
         for key in sorted({(s.dataset, s.scheme, s.clients, s.data_seed) for s in specs}):
-            cache.federated(*key)  # a missing dataset or impossible partition fails before any run
-    with RunStore(store) as runs:
+            check_measurable(cache.federated(*key))  # a missing dataset, an impossible or unmeasurable partition
+    with RunStore(store, _say) as runs:
+        runs.ensure_writable()  # a read-only or locked store is refused before any run, not after it is computed
         todo = pending(specs, runs, force, retry_failed, rerun)
         if workers == 0 and executor == "local":
             workers = _packed_workers(todo, str(device))
@@ -464,12 +470,17 @@ def _run_grid(
         _print_summary(runs, specs)
         statuses = runs.statuses()
         failed = sum(1 for s in specs if statuses.get(s.run_key) == "failed")
+        spool, spooled = runs.spool, runs.spooled
     if failed:
         err_console.print(
             f"{failed} runs of this grid are stored as failed; list them with their error: "
             f"gflbench failed --store {store}" + ("" if retry_failed else "; --retry-failed runs them again"),
             markup=False, highlight=False, soft_wrap=True,
         )
+    if spool is not None:
+        _say(f"{spooled} finished runs could not be written to the run store {store} and are kept in {spool}: "
+             f"`gflbench import {spool} --store {store}` adds them (do it before a rerun, which would compute them again)")
+    if failed or spool is not None:
         raise typer.Exit(1)
 
 
@@ -557,14 +568,29 @@ def import_runs(
     files: Annotated[list[Path], typer.Argument(help="Files written by `gflbench export`.")],
     store: StoreOption = DEFAULT_STORE,
 ) -> None:
-    """Add the runs of exported files to the store: every file is read and checked first, then all new
-    runs are stored in one transaction; a run already stored (same run key) is kept as it is."""
-    from gfl_bench.store import read_records
+    """Add the runs of exported files to the store: every record of every file is read and checked first
+    (finite numbers, required fields, keys that follow from its config and seed, values that are its
+    curves'), and records that disagree on a run are refused; then all new runs are stored in one
+    transaction. A run already stored (same run key) is kept as it is, and said when it differs."""
+    from gfl_bench.store import differing_from_stored, disagreements, read_records
 
-    records = [record for path in files for record in read_records(path)]
-    with RunStore(store) as runs:
+    imported = [item for path in files for item in read_records(path)]
+    clashes = disagreements(imported)
+    if clashes:
+        raise UserError(f"{len(clashes)} runs have records that disagree: {_some(clashes)}; nothing was imported")
+    records = list({item.record["run_key"]: item.record for item in imported}.values())
+    with RunStore(store, _say) as runs:
+        differ = differing_from_stored(runs, records)
         added = runs.put_many(records)
     console.print(f"imported {added} new runs into {store}; {len(records) - added} were already stored", soft_wrap=True)
+    if differ:
+        _say(f"{len(differ)} imported runs differ from the run stored under the same key, which was kept: {_some(differ)}")
+
+
+def _some(items: list[str], shown: int = 5) -> str:
+    """The first few items of a list for a one-line message, and how many more there are."""
+    more = len(items) - shown
+    return "; ".join(items[:shown]) + (f"; and {more} more" if more > 0 else "")
 
 
 @app.command()

@@ -25,7 +25,7 @@ import torch
 from gfl_bench.datasets import VERBOSE_ENV
 from gfl_bench.errors import UserError
 from gfl_bench.method import method_class
-from gfl_bench.runner import DataCache, failed_record, resolve_device, run_together
+from gfl_bench.runner import DataCache, check_measurable, failed_record, resolve_device, run_together
 from gfl_bench.spec import RunSpec
 from gfl_bench.store import RunStore
 
@@ -68,6 +68,7 @@ def run_job(job: list[RunSpec], env: Environment, on_round: RoundDone | None = N
     first = job[0]
     try:
         data = _caches[env.data_dir].federated(first.dataset, first.scheme, first.clients, first.data_seed)
+        check_measurable(data)  # the driver checked already, unless it has no data (Ray)
         return run_together(job, data, device, on_round, env.snapshot_rounds, env.snapshot_dir, env.batched or len(job) > 1,
                             env.sparse_features)  # fmt: skip
     except UserError:

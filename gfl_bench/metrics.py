@@ -39,6 +39,14 @@ def _average_ranks(values: Tensor) -> Tensor:
     return ranks
 
 
+def defined_on(name: str, y: Tensor) -> bool:
+    """Whether metric `name` has a value on a set of nodes with labels `y`: accuracy needs one node,
+    ROC-AUC both classes. A client where it has none is left out of that split's client mean."""
+    if name == "roc_auc":
+        return bool((y == 1).any() and (y != 1).any())
+    return y.numel() > 0
+
+
 def metric_fn(name: str):
     return {"accuracy": accuracy, "roc_auc": roc_auc}[name]
 

@@ -29,12 +29,14 @@ from gfl_bench.allocator import keep_freed_memory, release_excess_heap
 from gfl_bench.backbones import backbone_class, build_backbone, prepared_key
 from gfl_bench.batched import BatchedTraining, batched_trainer
 from gfl_bench.datasets import data_fingerprint, dataset_spec, load_dataset
+from gfl_bench.errors import UserError
 from gfl_bench.method import Client, MethodParams, Round, Server, Setup, clone_message, method_class
-from gfl_bench.metrics import metric_fn
+from gfl_bench.metrics import defined_on, metric_fn
 from gfl_bench.partition import Partition, cached_partition, client_graphs
 from gfl_bench.provenance import provenance
 from gfl_bench.randomness import RunRandomness, SharedRandomness, seed_everything
 from gfl_bench.spec import RunSpec
+from gfl_bench.store import finite
 
 RoundCallback = Callable[[int, float, float], None]
 
@@ -45,8 +47,6 @@ class RunFailed(RuntimeError):
 
 def resolve_device(name: str) -> torch.device:
     """`auto` picks CUDA when present; an explicit device that is not there is an error."""
-    from gfl_bench.errors import UserError
-
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -121,6 +121,18 @@ class DataCache:
                 data_fingerprint=data_fingerprint(graph),
             )
         return self._federated[key]
+
+
+def check_measurable(data: FederatedData) -> None:
+    """Refuse, before any run, a setting whose validation or test metric no client has: a client
+    without the nodes a metric needs is left out of that split's client mean (`excluded_clients` in the
+    record), but with none left the run would have no value to report or select by."""
+    setting = f"{data.dataset} {data.partition.scheme}-{data.partition.num_clients}"
+    need = "nodes of both classes" if data.metric == "roc_auc" else "nodes"
+    for split in ("val", "test"):
+        if not any(defined_on(data.metric, g.y[getattr(g, f"{split}_mask")]) for g in data.graphs):
+            raise UserError(f"{setting}: no client has {split} {need}, so {data.metric} cannot be measured; "
+                            "choose fewer clients")  # fmt: skip
 
 
 def _sync(device: torch.device) -> None:
@@ -333,11 +345,12 @@ def run_together(
 def _record(
     party: _Party, data: FederatedData, device: torch.device, started: float, execution: str, sparse_features: bool, stacked: int
 ) -> dict:
-    """The stored record of one finished run (gfl_bench/store.py lists the fields)."""
+    """The stored record of one finished run (results/README.md lists the fields). A value undefined for
+    a client (NaN: no such node, or a ROC-AUC split lacking a class) is null in it: JSON has no NaN."""
     curves = party.curves
     best = best_round(curves["val"])
     val_client_best, test_client_best = per_client_best(party.client_curves["val"], party.client_curves["test"])
-    return {
+    return finite({
         **_identity(party.spec),
         "metric": data.metric,
         "status": "ok",
@@ -350,6 +363,7 @@ def _record(
         "test_client_best": test_client_best,
         "curves": curves,
         "client_curves": party.client_curves,
+        "excluded_clients": {split: excluded_clients(party.client_curves[split]) for split in ("val", "test")},
         "seconds_per_round": party.seconds,
         "seconds_per_phase": party.phases,
         "execution": execution,
@@ -364,7 +378,7 @@ def _record(
         "started_at": started,
         "finished_at": time.time(),
         **provenance(device),
-    }
+    })
 
 
 def _identity(spec: RunSpec) -> dict:
@@ -395,6 +409,12 @@ def failed_record(spec: RunSpec, error: BaseException, device: torch.device, sta
         "finished_at": time.time(),
         **provenance(device),
     }
+
+
+def excluded_clients(client_curve: list[list[float]]) -> int:
+    """How many clients a split's client mean leaves out: those whose value is undefined (NaN) there.
+    They are the same clients in every round, as a client's nodes and labels do not change."""
+    return int(np.isnan(np.array(client_curve, dtype=float)).any(axis=0).sum())
 
 
 def best_round(val_curve: list[float]) -> int:

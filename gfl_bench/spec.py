@@ -58,12 +58,21 @@ class RunSpec:
 
     @property
     def config_key(self) -> str:
-        return _digest(self.config())
+        return config_key_of(self.config())
 
     @property
     def run_key(self) -> str:
-        where = {"dataset": self.dataset, "scheme": self.scheme, "clients": self.clients, "seed": self.seed}
-        return _digest({"config": self.config_key, **where})
+        return run_key_of(self.config_key, self.dataset, self.scheme, self.clients, self.seed)
+
+
+def config_key_of(config: Mapping[str, Any]) -> str:
+    """The key of a resolved configuration (`RunSpec.config`); `gflbench import` recomputes it from a record."""
+    return _digest(config)
+
+
+def run_key_of(config_key: str, dataset: str, scheme: str, clients: int, seed: int) -> str:
+    """The key of one run of a configuration; `gflbench import` recomputes it from a record."""
+    return _digest({"config": config_key, "dataset": dataset, "scheme": scheme, "clients": clients, "seed": seed})
 
 
 def keyed_params(params: MethodParams) -> dict[str, Any]:
