@@ -838,10 +838,9 @@ def tune(
     """Choose each method's hyperparameters on validation (Optuna), for `--protocol fair`; resumable after a kill."""
     import torch
 
-    from gfl_bench.protocol import tuned_dir as resolve_tuned, tuned_file
+    from gfl_bench.protocol import tuned_dir as resolve_tuned
     from gfl_bench.runner import DataCache, resolve_device
-    from gfl_bench.tune import Budget, TrialReport
-    from gfl_bench.tune import tune as tune_method
+    from gfl_bench.tune import Budget, TuneInterrupted
 
     methods = split_list(method, "methods")
     datasets = split_list(dataset, "datasets")
@@ -862,6 +861,27 @@ def tune(
     cache = DataCache(root, root / "partitions")
     folder = resolve_tuned(tuned_dir)
     storage = Path(store).with_name("tuning.sqlite")
+    try:
+        _tune_settings(settings, methods, partition, budget, cache, chosen_device, storage, folder)
+    except KeyboardInterrupt as stop:  # one line, as `run` closes: what stopped, and the command that resumes it
+        where = "before a study started"
+        if isinstance(stop, TuneInterrupted):
+            rerun = "" if stop.trial is None else f", trial {stop.trial} stopped (its values run first)"
+            where = f"study {stop.study} at {stop.finished}/{stop.total} finished trials{rerun}"
+        resume = _tune_command(method, dataset, partition, clients, trials, tuning_seeds, prune, rounds, local_epochs,
+                               device, threads, tuned_dir, data_dir, store)  # fmt: skip
+        err_console.print(f"interrupted: {where}; every finished trial is stored; resume with: {resume}",
+                          markup=False, highlight=False, soft_wrap=True)  # fmt: skip
+        raise typer.Exit(130) from None
+
+
+def _tune_settings(settings: list[tuple[str, int]], methods: list[str], partition: str, budget: Any, cache: Any,
+                   chosen_device: Any, storage: Path, folder: Path) -> None:  # fmt: skip
+    """`tune`'s studies, setting by setting: a bar or one line per finished trial, a line per chosen configuration."""
+    from gfl_bench.protocol import tuned_file
+    from gfl_bench.tune import TrialReport
+    from gfl_bench.tune import tune as tune_method
+
     for d, m in settings:
         data = cache.federated(d, partition, m, DEFAULT_DATA_SEED)
         for meth in methods:
@@ -885,6 +905,20 @@ def tune(
                           f"{entry['trials']['complete']} complete, {entry['trials']['pruned']} pruned): {values}",
                           soft_wrap=True)  # fmt: skip
         console.print(f"wrote {tuned_file(folder, d, partition, m)}", soft_wrap=True)
+
+
+def _tune_command(method: str, dataset: str, partition: str, clients: str, trials: int, tuning_seeds: int, prune: bool,
+                  rounds: int | None, local_epochs: int | None, device: str, threads: int, tuned_dir: Path | None,
+                  data_dir: Path | None, store: Path) -> str:  # fmt: skip
+    """The `gflbench tune` command line that continues these studies: every option that names them or their files."""
+    import shlex
+
+    words = ["gflbench", "tune", "--method", method, "--dataset", dataset, "--partition", partition, "--clients", clients,
+             "--trials", str(trials), "--tuning-seeds", str(tuning_seeds), "--prune" if prune else "--no-prune"]  # fmt: skip
+    optional = {"--rounds": rounds, "--local-epochs": local_epochs, "--tuned-dir": tuned_dir, "--data-dir": data_dir}
+    words += [w for option, value in optional.items() if value is not None for w in (option, str(value))]
+    words += ["--device", device, "--threads", str(threads), "--store", str(store)]
+    return shlex.join(words)
 
 
 plot_app = typer.Typer(no_args_is_help=True, help="The paper's figures from stored runs (PNG and PDF).")

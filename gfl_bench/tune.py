@@ -7,10 +7,14 @@ its `paper` configuration, on the tuning seeds (1000, 1001, ...: disjoint from t
 With the pruner on, a trial whose running-best validation after a quarter of the rounds is below the
 median of earlier trials at the same round stops early (Optuna's MedianPruner, first tuning seed).
 
-The study lives in an Optuna SQLite file beside the run store, so a killed `tune` resumes: trials
-that were running when the process died are marked failed and their values queued again, and only
-the missing trials of the budget run. The chosen values go to the setting's reviewable JSON file
-(gfl_bench/protocol.py), which `run --protocol fair` reads.
+The study lives in an Optuna SQLite file beside the run store, so a stopped `tune` resumes and a
+larger budget extends it: a trial a dead process left running is marked failed, each failed trial's
+values are queued once (they run next; a failed trial never counts toward the budget), and only the
+missing trials run. Before each trial a new TPE sampler is seeded from SAMPLER_SEED and the number of
+finished trials, so the trials depend on the finished ones only, not on how many processes ran them:
+a study run in pieces equals one run in one go. TPE's first 10 trials are its random start-up, so a
+budget of up to 10 trials is a seeded random search. The chosen values go to the setting's reviewable
+JSON file (gfl_bench/protocol.py), which `run --protocol fair` reads.
 """
 
 from __future__ import annotations
@@ -32,8 +36,13 @@ from gfl_bench.runner import FederatedData, RunFailed, run
 from gfl_bench.spec import HARNESS_VERSION, make_spec
 
 TUNING_SEED_BASE = 1000  # tuning seeds are 1000, 1001, ...; reporting seeds are 0..9
-SAMPLER_SEED = 0
-STARTUP_TRIALS = 4  # trials the pruner never stops: the median needs a basis
+SAMPLER_SEED = 0  # the study's seed; each trial's sampler is seeded from it and the finished-trial count
+TPE_STARTUP_TRIALS = 10  # Optuna's default, named so the tuned entry states it: below it TPE draws at random
+PRUNER_STARTUP_TRIALS = 4  # trials the pruner never stops: the median needs a basis
+SAMPLER_SCHEME = "tpe-reseed"  # in the study name: studies of the one-seed-per-process sampler are not continued
+SAMPLER = (f"TPE(seed={SAMPLER_SEED}, per-trial reseed from the seed and the finished-trial count), "
+           f"first {TPE_STARTUP_TRIALS} trials random start-up")  # in the tuned entry's budget
+RERUN_OF = "rerun_of"  # user attribute of a trial queued for a failed one: that trial's number
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,14 @@ class Budget:
         return [TUNING_SEED_BASE + i for i in range(self.seeds)]
 
 
+class TuneInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a study: which study, how far it got and which trial it stopped (None: between trials)."""
+
+    def __init__(self, study: str, finished: int, total: int, trial: int | None) -> None:
+        super().__init__(study)
+        self.study, self.finished, self.total, self.trial = study, finished, total, trial
+
+
 @dataclass(frozen=True)
 class TrialReport:
     """What a caller shows per finished trial."""
@@ -73,7 +90,7 @@ def study_name(method: str, dataset: str, scheme: str, clients: int, budget: Bud
     space = {k: asdict(v) for k, v in method_class(method).Params.search_space.items()}
     digest = hashlib.sha256(json.dumps(space, sort_keys=True).encode()).hexdigest()[:8]
     return (f"{method}|{dataset}|{scheme}-{clients}|r{rounds}e{epochs}|seeds{budget.seeds}|"
-            f"{'median' if budget.prune else 'noprune'}|space-{digest}|h{HARNESS_VERSION}")  # fmt: skip
+            f"{'median' if budget.prune else 'noprune'}|space-{digest}|{SAMPLER_SCHEME}|h{HARNESS_VERSION}")  # fmt: skip
 
 
 def suggest(trial: Any, space: Mapping[str, Space]) -> dict[str, Any]:
@@ -117,7 +134,11 @@ def tune(
     tuned_folder: Path,
     on_trial: Callable[[TrialReport], None] = lambda report: None,
 ) -> dict[str, Any]:
-    """Run the missing trials of one study, write the best values to the tuned file, return its entry."""
+    """Run the missing trials of one study, write the best values to the tuned file, return its entry.
+
+    Ctrl-C raises `TuneInterrupted` (a KeyboardInterrupt naming the study) after marking the running
+    trial failed; the next start queues its values again, so nothing finished is lost or repeated.
+    """
     import optuna
     from optuna.trial import TrialState
 
@@ -129,11 +150,8 @@ def tune(
     lock = Path(storage_path).with_name(Path(storage_path).name + f".{hashlib.sha256(name.encode()).hexdigest()[:12]}.lock")
     with exclusive(lock, f"{method} on {dataset} {scheme}-{clients}"):
         storage = optuna.storages.RDBStorage(url)
-        pruner = (optuna.pruners.MedianPruner(n_startup_trials=STARTUP_TRIALS, n_warmup_steps=probe.rounds // 4)
+        pruner = (optuna.pruners.MedianPruner(n_startup_trials=PRUNER_STARTUP_TRIALS, n_warmup_steps=probe.rounds // 4)
                   if budget.prune else optuna.pruners.NopPruner())  # fmt: skip
-        study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
-                                    sampler=optuna.samplers.TPESampler(seed=SAMPLER_SEED), pruner=pruner)  # fmt: skip
-        _requeue_interrupted(study, storage, name)
 
         def objective(trial: Any) -> float:
             values = suggest(trial, cls.Params.search_space)
@@ -158,31 +176,77 @@ def tune(
                     scores.append(0.0)  # diverged: the worst validation value, so the sampler avoids the region
             return sum(scores) / len(scores)
 
-        finished = (TrialState.COMPLETE, TrialState.PRUNED)
-        done = len(study.get_trials(deepcopy=False, states=finished))
-        states = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed"}
-
-        def report(study: Any, trial: Any) -> None:
-            seconds = (trial.datetime_complete - trial.datetime_start).total_seconds() if trial.datetime_complete else 0.0
-            count = len(study.get_trials(deepcopy=False, states=finished))
-            on_trial(TrialReport(method, count - 1, budget.trials, states.get(trial.state, str(trial.state)),
-                                 trial.value, trial.params, seconds))  # fmt: skip
-
-        if done < budget.trials:
-            study.optimize(objective, n_trials=budget.trials - done, callbacks=[report], catch=())
+        states = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned"}
+        done, running = 0, None
+        try:
+            study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
+                                        sampler=trial_sampler(0), pruner=pruner)  # fmt: skip
+            _rerun_interrupted(study)
+            done = _finished(study)
+            while done < budget.trials:
+                # A fresh sampler per trial, seeded by how many trials have finished: what it proposes depends on
+                # the finished trials and that count only, never on how many processes the study took.
+                study = optuna.load_study(study_name=name, storage=storage, sampler=trial_sampler(done), pruner=pruner)
+                trial = study.ask()  # an interrupted trial's queued values first
+                running = trial.number
+                try:
+                    value = objective(trial)
+                except optuna.TrialPruned:
+                    frozen = study.tell(trial, state=TrialState.PRUNED)
+                except BaseException as error:  # Ctrl-C or a bug: failed, its values rerun at the next start
+                    trial.set_user_attr("stopped_by", type(error).__name__)
+                    study.tell(trial, state=TrialState.FAIL)
+                    raise
+                else:
+                    frozen = study.tell(trial, value)
+                done, running = done + 1, None
+                seconds = (frozen.datetime_complete - frozen.datetime_start).total_seconds()
+                on_trial(TrialReport(method, done - 1, budget.trials, states[frozen.state], frozen.value, frozen.params,
+                                     seconds))  # fmt: skip
+        except KeyboardInterrupt as interrupt:
+            raise TuneInterrupted(name, done, budget.trials, running) from interrupt
         return _write_entry(study, cls.Params.search_space, budget, probe, name, storage_path, tuned_folder)
 
 
-def _requeue_interrupted(study: Any, storage: Any, name: str) -> None:
-    """Trials left RUNNING by a killed process: mark them failed and queue their values again."""
+def trial_sampler(finished: int) -> Any:
+    """TPE for the trial that follows `finished` finished (complete or pruned) trials.
+
+    Seeded from the study's fixed seed and that count, never from the sampler's own running state: a
+    sampler built once per process with one seed replays its first draws whenever a study is resumed or
+    extended (trials 3-5 of a 3-then-6 study repeated trials 0-2). Given the finished trials, which TPE
+    and the median pruner read (failed ones they skip), the next trial's values are then the same
+    whether the study ran in one process or several.
+    """
+    import numpy as np
+    import optuna
+
+    seed = int(np.random.SeedSequence([SAMPLER_SEED, finished]).generate_state(1)[0])
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=TPE_STARTUP_TRIALS)
+
+
+def _finished(study: Any) -> int:
     from optuna.trial import TrialState
 
-    study_id = storage.get_study_id_from_name(name)
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+
+def _rerun_interrupted(study: Any) -> None:
+    """Mark trials a dead process left RUNNING failed, and queue each failed trial's values once.
+
+    Only one process holds a study (`exclusive`), so a RUNNING trial at the start is one whose process
+    died (kill -9, SIGTERM, a crash). A failed trial (those, and one stopped by Ctrl-C or a bug) is
+    queued again unless a trial already names it in `RERUN_OF`, so its values run next, exactly once
+    per failure. It does not count toward the budget, and TPE and the pruner skip it.
+    """
+    from optuna.trial import TrialState
+
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
-        storage.set_trial_state_values(trial_id, TrialState.FAIL)
-        if trial.params:
-            study.enqueue_trial(trial.params, skip_if_exists=True)
+        study.tell(trial.number, state=TrialState.FAIL)
+    trials = study.get_trials(deepcopy=False)
+    rerun = {t.user_attrs[RERUN_OF] for t in trials if RERUN_OF in t.user_attrs}
+    for trial in trials:
+        if trial.state == TrialState.FAIL and trial.params and trial.number not in rerun:
+            study.enqueue_trial(trial.params, user_attrs={RERUN_OF: trial.number})
 
 
 def _write_entry(study: Any, space: Mapping[str, Space], budget: Budget, probe: Any, name: str,
@@ -207,7 +271,7 @@ def _write_entry(study: Any, space: Mapping[str, Space], budget: Budget, probe: 
         "trial": best.number,
         "budget": {"trials": budget.trials, "tuning_seeds": budget.tuning_seeds,
                    "pruner": "median" if budget.prune else "none", "rounds": probe.rounds,
-                   "local_epochs": probe.local_epochs, "sampler": f"TPE(seed={SAMPLER_SEED})"},  # fmt: skip
+                   "local_epochs": probe.local_epochs, "sampler": SAMPLER},  # fmt: skip
         "trials": {state: sum(1 for t in trials if t.state == getattr(TrialState, state.upper()))
                    for state in ("complete", "pruned", "fail")},  # fmt: skip
         "trial_seconds": round(seconds, 1),
