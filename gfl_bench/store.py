@@ -147,7 +147,8 @@ class RunStore:
         try:
             verdict = [row[0] for row in self._db.execute("PRAGMA quick_check").fetchall()]
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            schema = set(self._db.execute("SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'").fetchall())
+            entries = "SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"  # not SQLite's own
+            schema = set(self._db.execute(entries).fetchall())
             columns = {row[1] for row in self._db.execute("PRAGMA table_info(runs)")}
         except sqlite3.DatabaseError as error:
             raise UserError(damaged.format(error)) from None
@@ -213,8 +214,9 @@ class RunStore:
             self._retrying(probe, patient=True)
         except sqlite3.Error as error:
             if _locked(error):
-                raise UserError(f"the run store {self.path} is still locked by another process after {self._wait:.0f} s; "
-                                "nothing was run: close the other program (or raise GFLBENCH_LOCK_WAIT) and rerun") from None  # fmt: skip
+                raise UserError(f"the run store {self.path} is still locked by another process after "
+                                f"{self._wait:.0f} s; nothing was run: close the other program (or raise "
+                                f"{LOCK_WAIT_ENV}) and rerun") from None  # fmt: skip
             reason = "read-only" if "readonly" in str(error) else "not writable"
             raise UserError(f"the run store {self.path} is {reason} ({error}); nothing was run: make it writable "
                             "or pass another --store") from None  # fmt: skip
@@ -258,7 +260,10 @@ class RunStore:
         try:
             self._retrying(lambda: self._insert_rows([row], replace), patient=not self._spooled)
         except sqlite3.Error as error:
-            self._spool_record(record, error)
+            self._spool_record(record, str(error))
+        except KeyboardInterrupt:  # Ctrl-C while waiting for a lock: the run is kept all the same
+            self._spool_record(record, "interrupted while waiting for its lock")
+            raise
 
     def put_many(self, records: Iterable[dict]) -> int:
         """Store runs in one transaction (all of them or, on any error, none), keeping every key already
@@ -281,13 +286,14 @@ class RunStore:
                 self._db.execute(f"{verb} INTO runs ({names}) VALUES ({marks})", tuple(row.values()))
         return self._db.total_changes - before
 
-    def _spool_record(self, record: dict, error: sqlite3.Error) -> None:
+    def _spool_record(self, record: dict, error: str) -> None:
         """Keep a run the store could not take: every spooled run of this process in one file, rewritten
         whole each time (never half a file), beside the store, else in the working folder, else in /tmp."""
         self._spooled.append(finite(record))
         stamp = time.strftime("%Y%m%d-%H%M%S")
         name = f"{self.path.name}.spool-{stamp}-{os.getpid()}.jsonl.gz"
-        places = [self.spool] if self.spool else [folder / name for folder in (self.path.parent, Path.cwd(), Path(tempfile.gettempdir()))]
+        folders = (self.path.parent, Path.cwd(), Path(tempfile.gettempdir()))
+        places = [self.spool] if self.spool else [folder / name for folder in folders]
         for place in places:
             try:
                 write_records(place, self._spooled)
@@ -295,7 +301,8 @@ class RunStore:
                 continue
             self.spool = place
             self._notify(f"could not write the run store {self.path} ({error}); the finished run is kept in "
-                         f"{place} ({len(self._spooled)} there): `gflbench import {place} --store {self.path}` adds it")  # fmt: skip
+                         f"{place} ({len(self._spooled)} there): `gflbench import {place} --store {self.path}` "
+                         "adds it")  # fmt: skip
             return
         raise UserError(f"could not write the run store {self.path} ({error}), nor a spool file in "
                         f"{', '.join(str(p.parent) for p in places)}")  # fmt: skip
@@ -333,7 +340,8 @@ class RunStore:
         read without them; its summary columns are as they were stored."""
         strict = "json_valid(record)"
         peak = f"CASE WHEN {strict} THEN json_extract(record, '$.peak_memory_bytes') END AS peak_memory_bytes"
-        frame = pd.read_sql_query(f"SELECT {', '.join(_COLUMNS)}, {peak}, NOT {strict} AS non_finite FROM runs", self._db)
+        query = f"SELECT {', '.join(_COLUMNS)}, {peak}, NOT {strict} AS non_finite FROM runs"
+        frame = pd.read_sql_query(query, self._db)
         frame["non_finite"] = frame["non_finite"].astype(bool)
         return frame
 
@@ -472,7 +480,9 @@ def read_records(path: Path) -> list[Imported]:
 
 
 def _refuse_constant(token: str) -> None:
-    raise ValueError(f"non-finite number {token} (JSON has no NaN or Infinity; gflbench writes null); nothing was imported")
+    """json.loads' hook for NaN, Infinity and -Infinity, which Python reads but JSON does not have."""
+    raise ValueError(f"non-finite number {token} (JSON has no NaN or Infinity; gflbench writes null); "
+                     "nothing was imported")  # fmt: skip
 
 
 def check_record(record: object) -> str | None:
@@ -496,8 +506,8 @@ def check_record(record: object) -> str | None:
         return f"its config key {record['config_key']} is not the key of its config ({config_key_of(config)})"
     key = run_key_of(record["config_key"], record["dataset"], record["scheme"], record["clients"], record["seed"])
     if key != record["run_key"]:
-        return (f"its run key {record['run_key']} does not follow from its config, {record['dataset']} "
-                f"{record['scheme']}-{record['clients']} and seed {record['seed']} (that run's key is {key})")  # fmt: skip
+        where = f"{record['dataset']} {record['scheme']}-{record['clients']} and seed {record['seed']}"
+        return f"its run key {record['run_key']} does not follow from its config, {where} (that run's key is {key})"
     if record["status"] == "failed":
         return None if record.get("error") else "a failed run without its error"
     missing = [f for f in _OK_FIELDS if record.get(f) is None]
@@ -510,7 +520,8 @@ def check_record(record: object) -> str | None:
             return f"its best round {record['best_round']} is not its validation curve's best round ({best})"
         for name in ("val", "test", "val_weighted", "test_weighted"):
             if curves[name][best] != record[name]:
-                return f"its {name} {record[name]} is not its curve's value at its best round {best} ({curves[name][best]})"
+                return f"its {name} {record[name]} is not its curve's value at its best round {best} " \
+                       f"({curves[name][best]})"
         for name in ("val", "test"):
             defined = [v for v in clients[name][best] if v is not None]
             mean = sum(defined) / len(defined) if defined else None

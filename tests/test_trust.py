@@ -29,7 +29,7 @@ from cli import app
 from gfl_bench.errors import UserError
 from gfl_bench.runner import DataCache, FederatedData, run
 from gfl_bench.spec import make_spec
-from gfl_bench.store import _COLUMNS, RunStore, _checksum
+from gfl_bench.store import _COLUMNS, RunStore, _checksum, read_records
 
 ROOT = Path(__file__).resolve().parent.parent
 CODE = "import sys; from cli import app; sys.argv[0] = 'gflbench'; app()"
@@ -299,6 +299,29 @@ def test_5_a_run_finished_while_the_store_is_locked_is_spooled_and_imports(tmp_p
     assert result.exit_code == 0, result.output
     with RunStore(store) as runs:
         assert in_store >= 1 and len(runs) == 3 and sorted(runs.frame()["seed"]) == [0, 1, 2]
+
+
+def test_5_ctrl_c_while_waiting_for_the_lock_spools_the_run(tmp_path, monkeypatch, stored):
+    import gfl_bench.store as store_module
+
+    def interrupted(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    (record, *_) = RunStore(stored).records()
+    monkeypatch.setattr(store_module, "_ATTEMPT_SECONDS", 0.1)
+    monkeypatch.setattr(store_module.time, "sleep", interrupted)  # Ctrl-C lands in the back-off
+    notes: list[str] = []
+    runs = RunStore(tmp_path / "runs.sqlite", notes.append)
+    holder = sqlite3.connect(tmp_path / "runs.sqlite", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            runs.put(record)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert "waiting" in notes[0] and str(runs.spool) in notes[1]
+    assert [item.record for item in read_records(runs.spool)] == [record]
 
 
 # 6. Another application's SQLite file ------------------------------------------------------------
