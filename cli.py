@@ -7,18 +7,49 @@ finishes, so Ctrl-C or a crash loses at most the run in progress; rerunning skip
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import dataclasses
 import functools
 import json
 import os
+import signal
 import sys
 import time
 import traceback
+import unicodedata
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional
+
+# What a non-UTF-8 stdout (PYTHONIOENCODING=latin-1, a C locale) gets instead of a character it cannot encode;
+# box-drawing lines become - | +, anything else unlisted its unaccented letter or ?.
+_ASCII = {"±": "+-", "†": "+", "↓": "v", "↑": "^", "≡": "==", "⚑": "!", "×": "x", "α": "alpha", "χ": "chi",
+          "²": "2", "—": "-", "–": "-", "·": ".", "∈": " in ", "…": "..."}  # fmt: skip
+
+
+def _ascii_spelling(error: UnicodeError) -> tuple[str, int]:
+    """Codec error handler: ASCII spellings for what the stream's encoding lacks, so that a table or a
+    list still prints whole (rich draws its own borders in ASCII there) instead of failing."""
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    spelled = []
+    for char in error.object[error.start : error.end]:
+        name = unicodedata.name(char, "")
+        if char in _ASCII:
+            spelled.append(_ASCII[char])
+        elif name.startswith("BOX DRAWINGS"):
+            spelled.append("+" if ("VERTICAL" in name) == ("HORIZONTAL" in name) else "|" if "VERTICAL" in name else "-")
+        else:
+            spelled.append(unicodedata.normalize("NFKD", char).encode("ascii", "ignore").decode() or "?")
+    return "".join(spelled), error.end
+
+
+codecs.register_error("gflbench-ascii", _ascii_spelling)
+for _stream in (sys.stdout, sys.stderr):
+    if hasattr(_stream, "reconfigure") and not codecs.lookup(_stream.encoding or "ascii").name.startswith("utf"):
+        _stream.reconfigure(errors="gflbench-ascii")
 
 if not sys.stdout.isatty():  # piped help is never cut to 80 columns (typer reads this when it formats help)
     os.environ.setdefault("TERMINAL_WIDTH", "200")
@@ -57,6 +88,16 @@ def main(
         os.environ[VERBOSE_ENV] = "1"  # worker processes inherit it
     else:
         warnings.filterwarnings("ignore")
+    signal.signal(signal.SIGTERM, _terminated)  # a batch system's stop closes like Ctrl-C, not mid-statement
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the driver is, so that it stops as on Ctrl-C: every finished run stored (or
+    spooled), the workers ended, one line, exit 143."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated
 
 
 DataDirOption = Annotated[
@@ -101,7 +142,8 @@ EpochsOption = Annotated[
 
 
 def friendly(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn UserError into one line and exit 2, Ctrl-C into exit 130, anything else into one line and 1."""
+    """Turn UserError into one line and exit 2, Ctrl-C into exit 130 (SIGTERM 143), a closed pipe into a
+    quiet exit, anything else into one line and 1."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -110,10 +152,10 @@ def friendly(command: Callable[..., Any]) -> Callable[..., Any]:
         except UserError as error:
             err_console.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
             err_console.print("interrupted; every finished run is stored, rerun the same command to resume")
-            raise typer.Exit(130) from None
-        except typer.Exit:
+            raise typer.Exit(143 if isinstance(stop, Terminated) else 130) from None
+        except (typer.Exit, BrokenPipeError):  # a reader that closed early (`| head -1`): typer exits quietly
             raise
         except Exception as error:  # a bug or a failed library call: say what, not a traceback
             if os.environ.get("GFLBENCH_DEBUG"):
@@ -292,6 +334,7 @@ def sweep(
         raise UserError(f"--stack-seeds must be at least 1, got {stack_seeds}")
     env = Environment(device, data_dir or default_data_dir(), threads, batched=batched, sparse_features=sparse_features,
                       stack_seeds=stack_seeds)  # fmt: skip
+    _check_parallel(threads, workers)  # a dry run refuses what the real one would
     if dry_run:
         import pandas as pd
 
@@ -415,8 +458,7 @@ def _run_grid(
     from gfl_bench.execute import execute, pending
     from gfl_bench.runner import DataCache, check_measurable, resolve_device
 
-    if env.threads < 0 or workers < 0:
-        raise UserError("--threads must be 0 or more and --workers 0 (automatic) or more")
+    _check_parallel(env.threads, workers)
     if executor == "local":
         device = resolve_device(env.device)
         cache = DataCache(env.data_dir, env.data_dir / "partitions" if env.data_dir else None)
@@ -482,6 +524,11 @@ def _run_grid(
              f"`gflbench import {spool} --store {store}` adds them (do it before a rerun, which would compute them again)")
     if failed or spool is not None:
         raise typer.Exit(1)
+
+
+def _check_parallel(threads: int, workers: int) -> None:
+    if threads < 0 or workers < 0:
+        raise UserError("--threads must be 0 or more and --workers 0 (automatic) or more")
 
 
 def _duration(seconds: float) -> str:

@@ -163,8 +163,10 @@ def _execute_pool(jobs: list[list[RunSpec]], store: RunStore, env: Environment, 
                 for spec, record in zip(job, future.result(), strict=True):
                     store.put(record, replace=True)
                     events.finished(spec, record)
-        except BaseException:
+        except BaseException:  # Ctrl-C, SIGTERM, a store error: end the workers now, not after their runs
             pool.shutdown(wait=False, cancel_futures=True)
+            for worker in multiprocessing.active_children():
+                worker.terminate()
             raise
 
 

@@ -210,3 +210,75 @@ def test_an_unwritable_data_directory_is_one_clear_line(tmp_path):
     result = _partitions(tmp_path, mirror, data)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2 and len(lines) == 1 and "writable" in lines[0] and str(data) in lines[0], result.stderr
+
+
+def test_sigterm_of_a_parallel_sweep_closes_like_ctrl_c_and_resumes(tmp_path):
+    """A batch system's stop (SIGTERM to the driver alone): one line, exit 143, no worker left computing,
+    no leaked-semaphore warning, and a rerun completes the grid without redoing what was stored."""
+    store = tmp_path / "runs.sqlite"
+    grid = [*SWEEP[:SWEEP.index("--rounds")], "--rounds", "100", "--workers", "2"]
+    proc = _start(grid, tmp_path, store)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and not _stored(store):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert proc.returncode == 143, out
+    assert lines[-1] == "interrupted; every finished run is stored, rerun the same command to resume", out
+    assert "leaked" not in out and "Traceback" not in out
+    deadline = time.time() + 30
+    while time.time() < deadline:  # the workers (its own process group) end with it
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("a worker outlived its driver")
+    kept = _stored(store)
+    done = _start(grid, tmp_path, store)
+    out, _ = done.communicate(timeout=600)
+    assert done.returncode == 0, out
+    final = _stored(store)
+    assert len(final) == 8 and all(final[key] == at for key, at in kept.items())
+
+
+def test_a_reader_that_closes_early_ends_the_output_quietly(tmp_path):
+    """`gflbench methods | head -0`: the reader is gone before the first line; no error message."""
+    read, write = os.pipe()
+    os.close(read)
+    proc = subprocess.Popen([sys.executable, "-c", CODE, "methods"], cwd=ROOT, stdout=write, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    os.close(write)
+    _, err = proc.communicate(timeout=300)
+    assert err.strip() == "" and proc.returncode != 0
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_a_stdout_without_utf8_gets_ascii_spellings(tmp_path, encoding):
+    """PYTHONIOENCODING=ascii or latin-1: tables print whole, with +- and ASCII borders where needed."""
+    env = {**os.environ, "PYTHONIOENCODING": encoding, "GFLBENCH_DATA": str(tmp_path / "data")}
+    store = str(tmp_path / "runs.sqlite")
+    commands = [["run", "-m", "fedavg", "-d", "tiny", "--clients", "5", "--seeds", "2", "--rounds", "3", "--device", "cpu",
+                 "--store", store], ["table", "-d", "tiny", "--rounds", "3", "--seeds", "2", "--store", store], ["methods"]]  # fmt: skip
+    for args in commands:
+        result = subprocess.run([sys.executable, "-c", CODE, *args], cwd=ROOT, env=env, capture_output=True,
+                                timeout=300)  # fmt: skip
+        text = result.stdout.decode(encoding)
+        assert result.returncode == 0 and result.stderr == b"", result.stderr.decode(encoding, "replace")
+        assert "fedavg" in text.lower()
+        if encoding == "ascii" and args[0] in ("run", "table"):
+            assert "+-" in text  # mean +- std, whole
+    assert "±" in subprocess.run([sys.executable, "-c", CODE, *commands[1]], cwd=ROOT, env={**env, "PYTHONIOENCODING": "utf-8"},
+                                 capture_output=True, text=True, timeout=300).stdout  # fmt: skip
+
+
+def test_a_dry_run_refuses_negative_workers_as_the_real_sweep_does(tmp_path):
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    result = CliRunner().invoke(app, ["sweep", "--dry-run", "-m", "fedavg", "-d", "tiny", "--clients", "5",
+                                      "--workers", "-3", "--store", str(tmp_path / "none.sqlite")])  # fmt: skip
+    assert result.exit_code == 2 and "--workers" in result.stderr and not (tmp_path / "none.sqlite").exists()
