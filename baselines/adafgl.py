@@ -30,20 +30,29 @@ Stage 2, rounds R1 .. rounds-1, no communication after round R1's download of th
         Z = ½[softmax(PReLU(T̃) E) − softmax(PReLU(−T̃) E) + E];
      loss CE(O) + CE(M) + CE(Z) on the training nodes; prediction (softmax O + softmax M + softmax Z)/3.
   5. Every stage-2 round trains the branch `stage2_epochs` Adam steps (lr `stage2_lr`, wd
-     `stage2_weight_decay`); after each step the branch's prediction is scored on the client's own
-     validation nodes and the client keeps the best so far (the official per-client best epoch).
-     `predict` returns that kept prediction (as log-probabilities).
+     `stage2_weight_decay`); `predict` returns (as log-probabilities) the prediction after the latest
+     step, or, with `keep_best_epoch`, the one of the step that scored best so far on the client's
+     own validation nodes (the official per-client best epoch).
 
 How the stages map to rounds (stored per run: `stage2_rounds` and `stage2_epochs` in the Params, the
 stage of every round in the record's diagnostics as `stage` ∈ {1, 2}): rounds < R1 are stage 1,
 evaluated like FedAvg; the last `stage2_rounds` rounds are stage 2, `stage2_epochs` local epochs each.
 The default is the official schedule: FedAvg in every round but the last, then the official 200
-stage-2 epochs inside the last round (chosen on validation, docs/baselines/adafgl.md; OpenFGL's
-split is `stage2_rounds=50 stage2_epochs=1`). Model selection after stage 1 uses only the client's
-own validation labels: a client's stage-2 validation value never falls from one round to the next,
-so the harness's best client-mean round inside stage 2 is the last one, which each client chose
-alone. The extractor is the final round's aggregate (paper), not the official code's
-best-global-validation round, which uses every client's validation labels.
+stage-2 epochs inside the last round (chosen on validation with the switch on, docs/baselines/adafgl.md;
+OpenFGL's split is `stage2_rounds=50 stage2_epochs=1`). The extractor is the final round's aggregate
+(paper), not the official code's best-global-validation round, which uses every client's validation labels.
+
+Model selection (docs/protocol.md, "Selection rules"). The official code keeps each client's best
+own-validation epoch inside the method; under the harness's default rule (one global round, the best
+client-mean validation) that would give AdaFGL alone a per-client selection, so it is a switch,
+`keep_best_epoch`, off by default: a round's stage-2 prediction is its latest epoch's and the global
+rule picks the round, as for every method. With the default schedule all 200 epochs run inside the
+last round, so "the global round" can only be a stage-1 round or the 200th epoch: no rule chooses
+among stage-2 epochs (measured, docs/baselines/adafgl.md: Cora METIS-10 77.51 off against 80.57 on;
+a 20 × 10 split, which lets the global rule choose among stage-2 rounds, wins on Cora's validation and
+not on CiteSeer's, so the default stays). `--selection per-client` runs and tabulates AdaFGL with the
+switch on (its `per_client_selection`), each client's own best round on top. Runs stored before the
+switch had it on and keep their keys (`added_after_runs`).
 
 Choices and differences (docs/baselines/adafgl.md gives each with its reason):
   - Fusion (`fusion`): "branch" (default, official `main.py`) runs only the branch the HCS test picks;
