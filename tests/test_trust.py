@@ -63,12 +63,13 @@ def _lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
-def _one_error(result, *needles: str) -> None:
-    """Exit 2 with one line on stderr that holds every needle."""
+def _one_error(result, *needles: str) -> str:
+    """Exit 2 with one line on stderr that holds every needle; the line, for further checks."""
     lines = _lines(result.stderr)
     assert result.exit_code == 2 and len(lines) == 1, result.output
     for needle in needles:
         assert needle in lines[0], lines[0]
+    return lines[0]
 
 
 def _strict(text: str) -> object:
@@ -403,7 +404,8 @@ def test_8_a_changed_test_value_is_refused(env, stored):
         record["test"] -= 0.35
 
     result, path = _tampered(env, stored, change)
-    _one_error(result, str(path), "line 3", "test")
+    line = _one_error(result, str(path), "test")
+    assert "line 3" in line and str(path) in line, line
 
 
 def test_8_a_changed_client_curve_is_refused(env, stored):
@@ -412,7 +414,8 @@ def test_8_a_changed_client_curve_is_refused(env, stored):
         record["client_curves"]["test"][best][0] = 1.0 - record["client_curves"]["test"][best][0]
 
     result, path = _tampered(env, stored, change)
-    _one_error(result, str(path), "line 3", "client")
+    line = _one_error(result, str(path), "client")
+    assert "line 3" in line and str(path) in line, line
 
 
 def test_8_a_changed_seed_under_the_old_run_key_is_refused(env, stored):
@@ -420,7 +423,8 @@ def test_8_a_changed_seed_under_the_old_run_key_is_refused(env, stored):
         record["seed"] = 7
 
     result, path = _tampered(env, stored, change)
-    _one_error(result, str(path), "line 3", "run key")
+    line = _one_error(result, str(path), "run key")
+    assert "line 3" in line and str(path) in line, line
 
 
 def test_8_a_record_with_only_the_old_required_fields_is_refused(env, stored):
@@ -431,7 +435,8 @@ def test_8_a_record_with_only_the_old_required_fields_is_refused(env, stored):
                 del record[name]
 
     result, path = _tampered(env, stored, change)
-    _one_error(result, str(path), "line 3", "config")
+    line = _one_error(result, str(path), "config")
+    assert "line 3" in line and str(path) in line, line
 
 
 def test_8_two_files_that_disagree_on_a_run_are_listed_and_nothing_is_stored(env, stored):
