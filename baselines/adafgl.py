@@ -106,7 +106,7 @@ BLOCK_ELEMENTS = 1 << 22
 
 @dataclass(frozen=True)
 class AdaFGLParams(FedAvgParams):
-    """Stage 1 is the protocol's FedAvg training (hidden 128, Adam lr 0.01, ...); stage 2 is official `config.py`."""
+    """Defaults: stage 1 the shared FedAvg values, stage 2 official `config.py`; `paper` sets stage 1 to the official values too."""
 
     added_after_runs = {"keep_best_epoch": True}  # every AdaFGL run stored before the switch kept the best epoch
 
@@ -570,5 +570,6 @@ class AdaFGL(Method):
     summary = "FedAvg extractor, then stage2_rounds of local work per client: HCS test, refined topology, one of two branches"
     Params = AdaFGLParams
     per_client_selection = ("keep_best_epoch", "true")  # the official per-client best epoch (`--selection per-client`)
+    paper_preset_file = "adafgl.csv"  # the official stage-1 training values (hidden 64, wd 5e-4, 3 epochs, 100 rounds)
     client = AdaFGLClient
     server = AdaFGLServer

@@ -41,7 +41,7 @@ def test_every_shipped_file_is_declared_by_one_method_and_every_declared_file_sh
     files = {path.name for path in presets.PRESET_DIR.glob("*.csv")}
     owners = declared()
     assert files == set(owners)
-    assert {"fedici.csv", "fediih.csv", "fedpub.csv", "fedtad.csv", "fedgta.csv"} <= files
+    assert {"fedici.csv", "fediih.csv", "fedpub.csv", "fedtad.csv", "fedgta.csv", "adafgl.csv"} <= files
 
 
 @pytest.mark.parametrize("file", sorted(declared()))
@@ -101,8 +101,10 @@ def test_set_switches_fedicis_graph_rule_alone():
 
 
 def test_the_schedule_is_the_papers_only_under_paper(tmp_path):
-    for method in ("fedgta", "fedtad"):
-        assert make_spec(method, "pubmed", "metis", 10, 0).local_epochs == 3
+    for method in ("fedgta", "fedtad", "adafgl"):
+        spec = make_spec(method, "amazon-computer", "metis", 10, 0)
+        assert (spec.local_epochs, spec.rounds, spec.params.hidden, spec.params.weight_decay) == (3, 100, 64, 5e-4)
+        assert make_spec(method, "tiny", "metis", 5, 0).params.hidden == 128  # no row: the shared values
     write_tuned(tmp_path, "pubmed", "metis", 10, "fedtad", {"values": {"lr": 0.02}})
     fair = make_spec("fedtad", "pubmed", "metis", 10, 0, protocol="fair", tuned=tmp_path)
     assert (fair.local_epochs, fair.rounds, fair.params.lr, fair.params.hidden) == (1, 100, 0.02, 64)
