@@ -140,3 +140,58 @@ def test_cells_with_more_seeds_than_asked_are_marked_too(store):
     result = CliRunner().invoke(app, ["table", "1", "-d", "cora", "-f", "csv", "--store", str(store), "--seeds", "2"])
     rows = _rows(result.stdout)
     assert rows["Local"][1].endswith("(n=3)") and "n=" not in rows["FedPer"][2]  # FedPer, 10 clients: 2 seeds
+
+
+def _terminal_text(store: Path, width: int) -> tuple[str, list]:
+    """Table 1 of the fixture store printed on a terminal console `width` columns wide, and its blocks."""
+    from rich.console import Console
+
+    from gfl_bench.method import all_methods
+    from gfl_bench.tables import CAPTIONS, Selection, render, results_table
+
+    with RunStore(store) as runs:
+        frame = runs.frame()
+    titles = {m: cls.title for m, cls in all_methods().items()}
+    sel = Selection(frame, {m: {} for m in METHODS}, expected_seeds=3)
+    blocks = results_table(1, sel, list(METHODS), titles, ["cora", "citeseer"])
+    console = Console(width=width, force_terminal=True, record=True, file=open(os.devnull, "w"))
+    console.print(render(blocks, sel.caption(CAPTIONS[1]), "terminal"))
+    return console.export_text(), blocks
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_terminal_table_folds_instead_of_cutting_a_number(store, width):
+    import re
+
+    text, blocks = _terminal_text(store, width)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width
+    assert "…" not in text  # neither a number nor a header nor a label is cut
+    cells = [c for b in blocks for c in b.text.to_numpy().ravel() if c]
+    numbers = [n for c in cells for n in re.findall(r"\d+\.\d+±\d+\.\d+", c)]
+    assert len(numbers) == 16 and "67.10±0.10" in numbers  # 4 methods x 4 cells with runs
+    for cell in cells:  # at 80 columns and more every cell keeps its line: the number with its marks
+        assert any(cell in line for line in lines), cell
+    assert any("67.10±0.10 (n=2) · n<3" in line for line in lines)
+    groups = text.count("Methods")  # the label column's header: one per table
+    assert groups > len(blocks) and text.count("FedPer") == groups  # folded, the row labels repeated in each group
+
+
+def test_terminal_table_at_twenty_columns_still_shows_every_number_whole(store):
+    import re
+
+    text, blocks = _terminal_text(store, 20)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 20 and "…" not in text
+    for cell in (c for b in blocks for c in b.text.to_numpy().ravel() if c):
+        for word in cell.split():  # a cell may wrap between its words, never inside one
+            assert any(word in line for line in lines), word
+        for number in re.findall(r"\d+\.\d+(?:±\d+\.\d+)?", cell):
+            assert any(number in line for line in lines), number
+
+
+def test_piped_table_prints_its_caption_on_one_line(store):
+    result = CliRunner().invoke(app, ["table", "1", "-d", "cora,citeseer", "--store", str(store), "--seeds", "3"])
+    assert result.exit_code == 0, result.output
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("Table 1: Accuracy") and first.endswith("n<3: too few paired seeds to test.")
