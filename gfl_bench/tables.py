@@ -343,7 +343,7 @@ def render(blocks: Sequence[Block], caption: str, fmt: str):
     if test is not None:
         caption = f"{caption.rstrip('.')}. {MARK_LEGENDS[fmt]}: {test.describe()}."
     if fmt == "terminal":
-        return _terminal(blocks, caption)
+        return FoldedTables(tuple(blocks), caption)
     writer = {"markdown": _markdown, "latex": _latex, "csv": _csv}[fmt]
     return "\n".join(writer(b, caption if i == 0 else f"{caption} (continued)") for i, b in enumerate(blocks))
 
@@ -404,10 +404,6 @@ def _latex(block: Block, caption: str) -> str:
     marked = marked.map(lambda s: "".join(symbols.get(ch, ch) for ch in s))
     body = marked.to_latex(multicolumn=True, multicolumn_format="c", escape=False)
     return f"% {caption}\n{body}"
-
-
-def _terminal(blocks: Sequence[Block], caption: str) -> FoldedTables:
-    return FoldedTables(tuple(blocks), caption)
 
 
 # What a rich table adds to its columns' widths: one space of padding on each side of a cell and one border
