@@ -866,6 +866,58 @@ def compare(
 
 @app.command()
 @friendly
+def report(
+    out: Annotated[Path, typer.Option("--out", help="Folder of the site (index.html and assets/).")],
+    files: Annotated[Optional[list[Path]], typer.Argument(help="Exported records (`gflbench export`), with --records.")] = None,
+    records: Annotated[
+        bool, typer.Option("--records", help="Read the FILES given (exported records) instead of the store.")
+    ] = False,
+    force: Annotated[bool, typer.Option(help="Write into a folder that exists and is not a previous report.")] = False,
+    protocol: Annotated[
+        Optional[str], typer.Option("--protocol", help="Only this protocol's leaderboard; default one leaderboard per protocol.")
+    ] = None,
+    seeds: Annotated[int, typer.Option(help="Seeds a full cell has; cells with another count are marked (n=k).")] = 10,
+    selection: SelectionOption = "global",
+    alpha: AlphaOption = 0.05,
+    test: Annotated[str, typer.Option("--test", help="Paired test against each column's best: t or wilcoxon.")] = "t",
+    set_: SetOption = None,
+    rounds: RoundsOption = None,
+    local_epochs: EpochsOption = None,
+    tuned_dir: TunedOption = None,
+    store: StoreOption = DEFAULT_STORE,
+) -> None:
+    """The whole leaderboard as one static site: Tables 1, 2, 4, 5 with marks, CD diagrams, the paper's values,
+    every cell's provenance, cost and per-client views (docs/report.md). SOURCE_DATE_EPOCH pins its stamp."""
+    import tempfile
+
+    from gfl_bench import report as site
+    from gfl_bench.significance import PairedTest
+    from gfl_bench.tables import check_rule
+
+    if bool(files) != records:
+        raise UserError("--records reads the exported record files that follow it (gflbench report --records FILE... "
+                        "--out DIR); give both, or neither to read --store")  # fmt: skip
+    check_rule(selection)
+    chosen = site.check_protocols(protocol)
+    site.stamp()  # a malformed SOURCE_DATE_EPOCH is refused before any work
+    registered = all_methods()
+    options = site.Options(parse_overrides(set_ or [], list(registered)), rounds, local_epochs, seeds, selection,
+                           PairedTest(test, alpha), tuned_dir, chosen, tuple(sorted(map(str, files or [store]))), bool(files))  # fmt: skip
+    site.check_out(out, force)
+    with tempfile.TemporaryDirectory(prefix="gflbench-report-") as scratch:
+        if files:
+            runs = site.open_records(files, Path(scratch))
+        elif not store.exists():
+            raise UserError(f"no run store at {store}; pass --store or --records")
+        else:
+            runs = RunStore(store, _say)
+        with runs:
+            written = site.build(runs, out, options, force)
+    console.print(f"wrote {len(written)} files to {out}; open {out / 'index.html'}", soft_wrap=True)
+
+
+@app.command()
+@friendly
 def tune(
     method: MethodsOption,
     dataset: DatasetsOption,
@@ -1113,12 +1165,7 @@ def plot_ranks(
         analysis = significance.rank_analysis(means, alpha)
     except UserError as error:
         raise UserError(f"{error} (at least {significance.RANK_MIN_SEEDS} seeds each; left out: {left_out})") from None
-    k, n = means.shape[1], len(means)
-    verdict = (f"Nemenyi post-hoc at α = {alpha:g}: methods joined by a bar do not differ (CD = {analysis.cd:.2f})"
-               if analysis.rejects else f"Friedman does not reject at α = {alpha:g}: no pairwise difference is claimed")  # fmt: skip
-    caption = (f"Average ranks (1 = highest mean over seeds, at least {significance.RANK_MIN_SEEDS} seeds) of {k} methods "
-               f"over {n} cells ({', '.join(means.index)}); protocol {protocol}, {selection} selection. Friedman "
-               f"χ²({k - 1}) = {analysis.statistic:.2f}, p = {analysis.pvalue:.3g}; {verdict}. Left out: {left_out}.")  # fmt: skip
+    caption = significance.rank_caption(analysis, protocol, selection, left_out)
     tag = number + (f"-{'-'.join(chosen)}" if chosen else "") if number else f"{'-'.join(datasets)}-{scheme}"
     titles = {m: c.title for m, c in registered.items()}
     written = plots.ranks(analysis, titles, caption, out or FIGURES / f"ranks-{protocol}-{tag}")

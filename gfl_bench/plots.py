@@ -35,11 +35,18 @@ SENSITIVITY_SYMBOLS = {"Q": "$Q$", "B": "$B$", "tau": r"$\tau$", "eta": r"$\eta$
 SENSITIVITY_MIN_RANGE = 4.0  # percentage points
 
 
-def _save(fig: plt.Figure, out: Path) -> list[Path]:
+FORMATS = (".png", ".pdf")  # what `gflbench plot` writes; `gflbench report` asks for ".svg"
+
+
+def _save(fig: plt.Figure, out: Path, suffixes: Sequence[str] = FORMATS) -> list[Path]:
+    """Write the figure once per suffix. An SVG carries no date and a fixed id salt, so that the same
+    figure gives the same bytes (the report's reproducibility; matplotlib otherwise stamps both)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    paths = [out.with_suffix(".png"), out.with_suffix(".pdf")]
+    paths = [out.with_suffix(suffix) for suffix in suffixes]
     for path in paths:
-        fig.savefig(path, bbox_inches="tight", dpi=150)
+        svg = path.suffix == ".svg"
+        with plt.rc_context({"svg.hashsalt": "gflbench"} if svg else {}):
+            fig.savefig(path, bbox_inches="tight", dpi=150, **({"metadata": {"Date": None}} if svg else {}))
     plt.close(fig)
     return paths
 
@@ -50,7 +57,7 @@ def _metric_label(dataset: str) -> str:
 
 def convergence(
     store: RunStore, sel: Selection, methods: Sequence[str], titles: Mapping[str, str],
-    dataset: str, scheme: str, clients: int, out: Path,
+    dataset: str, scheme: str, clients: int, out: Path, suffixes: Sequence[str] = FORMATS,
 ) -> list[Path]:  # fmt: skip
     """Client-mean test metric per round, mean over seeds with a ±std band, one line per method."""
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -78,7 +85,7 @@ def convergence(
     ax.set_title(f"{dataset_spec(dataset).title}, {'non-overlapping' if scheme == 'metis' else 'overlapping'}, {clients} clients")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, out)
+    return _save(fig, out, suffixes)
 
 
 def sensitivity(sel: Selection, dataset: str, scheme: str, clients: int, out: Path) -> list[Path]:
@@ -183,7 +190,8 @@ def _structural_panel(ax: plt.Axes, snap: Mapping, title: str) -> None:
     ax.set_yticks([])
 
 
-def ranks(analysis: RankAnalysis, titles: Mapping[str, str], caption: str, out: Path) -> list[Path]:
+def ranks(analysis: RankAnalysis, titles: Mapping[str, str], caption: str, out: Path,
+          suffixes: Sequence[str] = FORMATS) -> list[Path]:  # fmt: skip
     """Critical-difference diagram of the methods' average ranks (scikit-posthocs), the caption below it.
 
     Methods joined by a bar are not told apart by Nemenyi's test. Where Friedman's test does not
@@ -204,4 +212,4 @@ def ranks(analysis: RankAnalysis, titles: Mapping[str, str], caption: str, out: 
         ax.text(1 + analysis.cd / 2, 1.45, f"CD = {analysis.cd:.2f}", ha="center", va="bottom", fontsize=9)
         ax.set_ylim(ax.get_ylim()[0], 2.2)
     fig.text(0.02, 0.0, textwrap.fill(caption, 120), ha="left", va="top", fontsize=7)
-    return _save(fig, out)
+    return _save(fig, out, suffixes)

@@ -178,6 +178,17 @@ def rank_analysis(means: pd.DataFrame, alpha: float) -> RankAnalysis:
     return RankAnalysis(means, ranks, float(friedman.statistic), float(friedman.pvalue), nemenyi, cd, alpha)
 
 
+def rank_caption(analysis: RankAnalysis, protocol: str, selection: str, left_out: str) -> str:
+    """The caption of a critical-difference diagram: what was ranked, Friedman's result, what a bar means
+    and what was left out (`gflbench plot ranks` and `gflbench report` print the same sentence)."""
+    k, n, alpha = analysis.means.shape[1], len(analysis.means), analysis.alpha
+    verdict = (f"Nemenyi post-hoc at α = {alpha:g}: methods joined by a bar do not differ (CD = {analysis.cd:.2f})"
+               if analysis.rejects else f"Friedman does not reject at α = {alpha:g}: no pairwise difference is claimed")  # fmt: skip
+    return (f"Average ranks (1 = highest mean over seeds, at least {RANK_MIN_SEEDS} seeds) of {k} methods "
+            f"over {n} cells ({', '.join(analysis.means.index)}); protocol {protocol}, {selection} selection. Friedman "
+            f"χ²({k - 1}) = {analysis.statistic:.2f}, p = {analysis.pvalue:.3g}; {verdict}. Left out: {left_out}.")  # fmt: skip
+
+
 def cell_means(sel: Selection, methods: Sequence[str], cells: Sequence[tuple[str, str, int]],
                named: bool) -> tuple[pd.DataFrame, list[str], list[str]]:  # fmt: skip
     """The cells × methods matrix of seed means where every method has at least RANK_MIN_SEEDS seeds.
