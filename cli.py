@@ -290,7 +290,11 @@ def sweep(
     workers: WorkersOption = 1,
     executor: Annotated[str, typer.Option(help="local (worker processes) or ray (an existing Ray cluster).")] = "local",
     address: Annotated[Optional[str], typer.Option(help="Ray cluster address, e.g. auto.")] = None,
-    gpus_per_run: Annotated[float, typer.Option(help="Fraction of a GPU each Ray task reserves.")] = 0.0,
+    gpus_per_run: Annotated[
+        Optional[float],
+        typer.Option(help="Fraction of a GPU each Ray task reserves (default: 1/--workers when the device is cuda, "
+                          "or auto on a cluster with GPUs; 0 otherwise)."),
+    ] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
     threads: ThreadsOption = 1,
     batched: BatchedOption = False,
@@ -451,14 +455,15 @@ def _run_grid(
     retry_failed: bool,
     executor: str = "local",
     address: str | None = None,
-    gpus_per_run: float = 0.0,
+    gpus_per_run: float | None = None,
     rerun: frozenset[str] = frozenset(),
 ) -> None:
     """Validate devices and data up front, then execute the missing runs with progress, then summarise."""
-    from gfl_bench.execute import execute, pending
+    from gfl_bench.execute import check_gpu_share, execute, pending
     from gfl_bench.runner import DataCache, check_measurable, resolve_device
 
     _check_parallel(env.threads, workers)
+    check_gpu_share(executor, env.device, gpus_per_run)
     if executor == "local":
         device = resolve_device(env.device)
         cache = DataCache(env.data_dir, env.data_dir / "partitions" if env.data_dir else None)
@@ -494,6 +499,7 @@ def _run_grid(
             def finished(spec: RunSpec, record: dict) -> None:
                 done[0] += 1
                 outcome = f"test {record['test'] * 100:.2f}" if record["status"] == "ok" else "FAILED"
+                outcome += f" on {record.get('device', '?')}"  # the device the run resolved to (auto, Ray)
                 if terminal:
                     if spec.run_key in tasks:
                         progress.remove_task(tasks.pop(spec.run_key))
@@ -508,7 +514,7 @@ def _run_grid(
                 if record["status"] != "ok":
                     err_console.print(f"run failed: {_label(spec)}: {record['error']}", markup=False, soft_wrap=True)
 
-            execute(todo, runs, env, workers, executor, address, gpus_per_run, Events(started, round_done, finished))
+            execute(todo, runs, env, workers, executor, address, gpus_per_run, Events(started, round_done, finished, _say))
         _print_summary(runs, specs)
         statuses = runs.statuses()
         failed = sum(1 for s in specs if statuses.get(s.run_key) == "failed")

@@ -351,8 +351,10 @@ class FedSagePlusClient(FedAvgClient):
             test_mask=torch.cat([graph.test_mask, none]),
             global_id=torch.cat([graph.global_id, unknown]),
         )
+        # the backbone's operators are built on the host (graph_ops goes through scipy): move them to the run's
+        # device with the rest, as FederatedData.on_device does for the graphs a run starts from
         backbone_class(self.params.backbone).prepare(mended, self.params)
-        self.graph = mended
+        self.graph = mended.to(self.setup.device)
         del self.neighgen, self.aux_classifier, self.gen_optimizer, self.impaired
 
 

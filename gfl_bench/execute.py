@@ -119,6 +119,36 @@ class Events:
     started: Callable[[RunSpec], None] = lambda spec: None
     round_done: Callable[[RunSpec, int, float, float], None] = lambda spec, index, val, test: None
     finished: Callable[[RunSpec, dict], None] = lambda spec, record: None
+    note: Callable[[str], None] = lambda line: None  # one line for the user (the Ray tasks' GPU share)
+
+
+def check_gpu_share(executor: str, device: str, gpus_per_run: float | None) -> None:
+    """Refuse what would make every Ray task fail: Ray hides the GPUs from a task that reserves none,
+    so `--device cuda` with `--gpus-per-run 0` cannot run anywhere."""
+    if gpus_per_run is not None and gpus_per_run < 0:
+        raise UserError(f"--gpus-per-run must be at least 0, got {gpus_per_run}")
+    if executor == "ray" and device.startswith("cuda:"):
+        raise UserError(f"--device {device} with --executor ray: each Ray task sees only the GPU it was given, as cuda; "
+                        "use --device cuda")  # fmt: skip
+    if executor == "ray" and device.startswith("cuda") and gpus_per_run == 0:
+        raise UserError(f"--gpus-per-run 0 with --device {device}: Ray hides the GPUs from a task that reserves none; "
+                        "give each run a share (e.g. 0.25) or leave the option out (default: 1/--workers)")  # fmt: skip
+
+
+def ray_gpu_share(device: str, gpus_per_run: float | None, workers: int, cluster_gpus: float) -> float:
+    """The GPU share each Ray task reserves.
+
+    Given (`--gpus-per-run`), it is used as is. Otherwise a run asked for CUDA, or for `auto` on a cluster
+    with GPUs, reserves 1/`workers` of a GPU (`workers` runs share one GPU, as `--workers` does locally;
+    `--workers 0` or 1: a whole GPU per run), so the task sees a GPU; on a CPU cluster, or for
+    `--device cpu`, none. Without a share, `auto` would silently run on the CPU inside the task.
+    """
+    check_gpu_share("ray", device, gpus_per_run)
+    if gpus_per_run is not None:
+        return gpus_per_run
+    if device.startswith("cuda") or (device == "auto" and cluster_gpus > 0):
+        return 1.0 / max(workers, 1)
+    return 0.0
 
 
 def execute(
@@ -128,7 +158,7 @@ def execute(
     workers: int = 1,
     executor: str = "local",
     address: str | None = None,
-    gpus_per_run: float = 0.0,
+    gpus_per_run: float | None = None,
     events: Events | None = None,
 ) -> None:
     """Run `specs` and store each record as it arrives (replacing any record under the same key)."""
@@ -137,7 +167,7 @@ def execute(
         raise UserError(f"unknown executor {executor!r}; choose from {', '.join(EXECUTORS)}")
     jobs = stacked_jobs(specs, env.stack_seeds)
     if executor == "ray":
-        _execute_ray(jobs, store, env, address, gpus_per_run, events)
+        _execute_ray(jobs, store, env, address, gpus_per_run, workers, events)
     elif workers <= 1:
         for job in jobs:
             for spec in job:
@@ -195,14 +225,23 @@ def _die_with_parent() -> None:
 
 
 def _execute_ray(
-    jobs: list[list[RunSpec]], store: RunStore, env: Environment, address: str | None, gpus: float, events: Events
-) -> None:
+    jobs: list[list[RunSpec]], store: RunStore, env: Environment, address: str | None, gpus_per_run: float | None,
+    workers: int, events: Events,
+) -> None:  # fmt: skip
+    check_gpu_share("ray", env.device, gpus_per_run)
     try:
         import ray
     except ImportError:
         raise UserError("--executor ray needs Ray: pip install 'gflbench[ray]'") from None
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    cluster_gpus = float(ray.cluster_resources().get("GPU", 0.0))
+    gpus = ray_gpu_share(env.device, gpus_per_run, workers, cluster_gpus)
+    if env.device == "auto":
+        where = "CUDA" if gpus > 0 else "the CPU"
+        events.note(f"Ray: device auto runs on {where} ({cluster_gpus:g} GPUs in the cluster, {gpus:g} GPU per run)")
+    elif gpus > 0:
+        events.note(f"Ray: each run reserves {gpus:g} GPU ({cluster_gpus:g} GPUs in the cluster)")
     remote = ray.remote(num_cpus=1, num_gpus=gpus)(run_job)
     pending_refs = {remote.remote(job, env): job for job in jobs}
     try:

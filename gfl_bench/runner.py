@@ -55,6 +55,9 @@ def resolve_device(name: str) -> torch.device:
         raise UserError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError("device cuda was asked for, but torch sees no CUDA device")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise UserError(f"device {name} is not there: torch sees {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
     return device
 
 

@@ -19,7 +19,7 @@ def build_parties(
     graphs = federation.on_device(params, device)
     setup = Setup(federation.num_features, federation.num_classes, len(graphs), rounds, 1, device, 0)
     torch.manual_seed(0)
-    template = build_backbone(params, setup.num_features, setup.num_classes)
+    template = build_backbone(params, setup.num_features, setup.num_classes).to(device)  # as the runner does
     server = method.server(copy.deepcopy(template), params, setup)
     clients = [method.client(i, g, copy.deepcopy(template), params, setup) for i, g in enumerate(graphs)]
     return server, clients

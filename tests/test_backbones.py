@@ -109,7 +109,7 @@ def test_sparse_first_layer_gives_the_dense_logits_and_gradients(tiny_federation
     sparse_graph = tiny_federation.on_device(params, device)[0]
     sparse_graph.x_sparse = sparse_graph.x.to_sparse_csr()
     torch.manual_seed(0)
-    model = build_backbone(params, tiny_federation.num_features, tiny_federation.num_classes).eval()
+    model = build_backbone(params, tiny_federation.num_features, tiny_federation.num_classes).to(device).eval()
     grads = []
     for graph in (dense_graph, sparse_graph):
         model.zero_grad()

@@ -96,3 +96,12 @@ def test_missing_cuda_is_a_user_error():
     with pytest.raises(UserError):
         resolve_device("cuda")
     assert resolve_device("auto") == torch.device("cpu")
+
+
+def test_an_absent_cuda_index_is_a_user_error(monkeypatch):
+    """cuda:N beyond the devices torch sees is refused by name (testable without a GPU: torch's answers faked)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(UserError, match=r"device cuda:2 is not there: torch sees 2 CUDA device\(s\), cuda:0 to cuda:1"):
+        resolve_device("cuda:2")
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)

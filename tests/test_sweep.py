@@ -82,8 +82,38 @@ def test_sweep_under_ray_local_cluster(store):
         result = CliRunner().invoke(app, ["sweep", "-m", "fedavg", *TINY, "--store", str(store), "--executor", "ray"])
         assert result.exit_code == 0, result.output
         assert len(RunStore(store)) == 2
+        # auto on a cluster without GPUs: said once, and each run's line and record name the device
+        assert "Ray: device auto runs on the CPU (0 GPUs in the cluster, 0 GPU per run)" in result.stderr
+        assert result.stdout.count(" on cpu ") == 2
+        assert {r["device"] for r in RunStore(store).records(RunStore(store).frame()["run_key"])} == {"cpu"}
     finally:
         ray.shutdown()
+
+
+def test_ray_gives_cuda_runs_a_gpu_share():
+    """Ray hides the GPUs from a task that reserves none: a CUDA run (or auto on a GPU cluster) gets a share."""
+    from gfl_bench.execute import ray_gpu_share
+
+    assert ray_gpu_share("cuda", None, workers=4, cluster_gpus=1) == 0.25  # four runs share a GPU
+    assert ray_gpu_share("cuda", None, workers=1, cluster_gpus=0) == 1.0  # the driver cannot see the GPUs
+    assert ray_gpu_share("auto", None, workers=2, cluster_gpus=8) == 0.5
+    assert ray_gpu_share("auto", None, workers=2, cluster_gpus=0) == 0.0  # a CPU cluster: the CPU, said so
+    assert ray_gpu_share("cpu", None, workers=2, cluster_gpus=8) == 0.0
+    assert ray_gpu_share("cuda", 0.1, workers=2, cluster_gpus=8) == 0.1  # given: used as is
+    with pytest.raises(UserError, match="--gpus-per-run 0 with --device cuda"):
+        ray_gpu_share("cuda", 0.0, workers=2, cluster_gpus=8)
+
+
+@pytest.mark.parametrize(("device", "share", "says"), [
+    ("cuda", "0", "--gpus-per-run 0 with --device cuda: Ray hides the GPUs"),
+    ("cuda:1", "0.5", "use --device cuda"),
+    ("cuda", "-1", "--gpus-per-run must be at least 0"),
+])  # fmt: skip
+def test_ray_refuses_cuda_without_a_gpu_share_in_one_line(store, device, share, says):
+    result = CliRunner().invoke(app, ["sweep", "-m", "fedavg", *TINY, "--store", str(store), "--executor", "ray",
+                                      "--device", device, "--gpus-per-run", share])  # fmt: skip
+    assert result.exit_code == 2 and says in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not store.exists()
 
 
 MEASURED = """method,dataset,scheme,clients,device,seconds_per_round,peak_mb,machine
