@@ -19,7 +19,7 @@ import time
 import traceback
 import unicodedata
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -68,15 +68,58 @@ from gfl_bench.protocol import DEFAULT_PROTOCOL, PROTOCOLS, TUNED_ENV, check_pro
 from gfl_bench.spec import RunSpec, make_spec, parse_overrides
 from gfl_bench.store import DEFAULT_STORE, RESULTS_ENV, RunStore
 
+# Off a terminal (piped, redirected, a log file) nothing is wrapped or cut: lines are as long as they need.
+console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 10000)
+err_console = Console(stderr=True, soft_wrap=True, width=None if sys.stderr.isatty() else 10000)
+
+
+try:  # typer 0.2x parses with its own copy of click, earlier versions with click itself
+    from typer._click.exceptions import UsageError
+except ImportError:
+    from click.exceptions import UsageError
+
+
+class OneLineUsageErrors(typer.core.TyperGroup):
+    """The `gflbench` group: a command line click cannot parse (`--seeds ten`, an unknown option or command, a
+    missing one) is one line on stderr and exit 2, like every other bad input, instead of typer's five-line box.
+
+    Parsing happens in the group's `make_context` (its own options) and `invoke` (the command's name, then the
+    command's options), so both turn click's `UsageError` into the line and `typer.Exit(2)`, which typer ends
+    as it ends any exit. A bare `gflbench` or `gflbench plot` still shows its help (NoArgsIsHelpError).
+    """
+
+    def make_context(self, info_name: str | None, args: list[str], parent: typer.Context | None = None,
+                     **extra: Any) -> typer.Context:  # fmt: skip
+        with _usage_errors_in_one_line():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        with _usage_errors_in_one_line():
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def _usage_errors_in_one_line() -> Iterator[None]:
+    """`error: <click's message>; see `<command> --help``, exit 2, for a command line that does not parse."""
+    try:
+        yield
+    except UsageError as error:
+        if type(error).__name__ == "NoArgsIsHelpError":  # click >= 8.2's way to show the help: let typer show it
+            raise
+        message = " ".join(error.format_message().split()).rstrip(".")
+        where = f"; see `{error.ctx.command_path} --help`" if error.ctx is not None else ""
+        err_console.print(f"error: {message[:1].lower()}{message[1:]}{where}", markup=False, highlight=False,
+                          soft_wrap=True)  # fmt: skip
+        raise typer.Exit(2) from None
+
+
 app = typer.Typer(
+    cls=OneLineUsageErrors,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="gflbench: subgraph federated learning benchmark (FedGMC and baselines).",
 )
-# Off a terminal (piped, redirected, a log file) nothing is wrapped or cut: lines are as long as they need.
-console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 10000)
-err_console = Console(stderr=True, soft_wrap=True, width=None if sys.stderr.isatty() else 10000)
 
 
 @app.callback()

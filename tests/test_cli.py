@@ -219,3 +219,37 @@ def test_an_unknown_selection_rule_is_one_line_exit_2_and_stores_nothing(env, co
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines == ["error: unknown selection rule 'best'; choose from global, per-client"]
     assert not (env / "runs.sqlite").exists()
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["run", "-m", "fedavg", "-d", "tiny", "--seeds", "ten"], "'--seeds'"),
+    (["table", "--clients", "5"], "--clients"),
+    (["run", "-d", "tiny"], "'--method'"),
+    (["table", "1", "--seeds"], "'--seeds'"),
+    (["plot", "ranks", "1", "--alpha", "x"], "'--alpha'"),
+    (["nope"], "'nope'"),
+])  # fmt: skip
+def test_a_command_line_that_does_not_parse_is_one_line_and_exit_2(env, args, named):
+    """click's parse errors (a value of the wrong type, an unknown option or command, a missing one), once a
+    five-line box, are one line naming the option, as every other bad input."""
+    result = CliRunner().invoke(app, args, prog_name="gflbench")
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], result.stderr
+    assert "╭" not in result.output and "Usage:" not in result.output
+    if args[0] != "nope" and "--seeds" not in args[-1:]:
+        assert f"see `gflbench {' '.join(a for a in args[:2] if a in ('run', 'table', 'plot', 'ranks'))} --help`" in lines[0]
+
+
+def test_no_arguments_still_shows_the_help(env):
+    result = CliRunner().invoke(app, [], prog_name="gflbench")
+    assert "Usage: gflbench" in result.output and "run" in result.output and "error:" not in result.output
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e999"])
+def test_a_non_finite_hyperparameter_is_refused_as_not_finite(env, value):
+    result = CliRunner().invoke(app, ["run", "-m", "fedavg", "-d", "tiny", "--set", f"lr={value}"])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "fedavg.lr=" in lines[0] and "is not finite: it must be a finite number > 0" in lines[0]
+    assert not (env / "runs.sqlite").exists()
