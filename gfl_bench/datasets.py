@@ -296,21 +296,25 @@ def data_fingerprint(graph: Data) -> str:
     return digest.hexdigest()
 
 
-def partial_path(target: Path) -> Path:
+def partial_path(target: Path, hidden: bool = False) -> Path:
     """Where to write `target` before the atomic rename: named by host and process, so that
-    `remove_stale_partials` can tell a dead writer's leftover from a file still being written."""
-    return target.with_name(f"{target.name}.{_HOST}-{os.getpid()}.partial")
+    `remove_stale_partials` can tell a dead writer's leftover from a file still being written; `hidden`
+    starts the name with a dot (an export, written into a folder of the user's)."""
+    return target.with_name(f"{'.' if hidden else ''}{target.name}.{_HOST}-{os.getpid()}.partial")
 
 
 _HOST = socket.gethostname().replace(".", "_")
 
 
-def remove_stale_partials(folder: Path) -> None:
-    """Remove the `.partial` files in `folder` whose writer, a process of this host, is gone (killed).
+def remove_stale_partials(folder: Path, pattern: str = "*.partial") -> None:
+    """Remove the `.partial` files in `folder` matching `pattern` whose writer, a process of this host, is
+    gone (killed between writing and renaming).
 
-    Files of processes still running, and of other hosts sharing the folder, are left alone. A name
-    with a process id but no host (written before hosts were named) counts as this host's."""
-    for path in folder.glob("*.partial"):
+    Files of processes still running, and of other hosts sharing the folder, are left alone, so a file
+    another process is writing is never removed under it. A name with a process id but no host (written
+    before hosts were named) counts as this host's. Where the folder is not gflbench's alone (an export's),
+    the caller's `pattern` matches only its own names."""
+    for path in folder.glob(pattern):
         tag = path.name[: -len(".partial")].rsplit(".", 1)[-1]
         host, _, pid = tag.rpartition("-")
         if not pid.isdigit() or host not in ("", _HOST) or _process_exists(int(pid)):

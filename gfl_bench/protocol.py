@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gfl_bench.datasets import partial_path, remove_stale_partials
 from gfl_bench.errors import UserError
 from gfl_bench.method import resolve_params
 from gfl_bench.presets import SCHEDULE_KEYS
@@ -125,7 +126,8 @@ def write_tuned(folder: Path, dataset: str, scheme: str, clients: int, method: s
         }  # fmt: skip
         content["methods"][method] = dict(entry)
         content["methods"] = dict(sorted(content["methods"].items()))
-        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        remove_stale_partials(path.parent)  # what a `tune` killed while writing left behind
+        partial = partial_path(path)
         partial.write_text(json.dumps(content, indent=2, sort_keys=False) + "\n")
         os.replace(partial, path)
     finally:

@@ -15,6 +15,7 @@ itself (its keys, its values against its curves) and against the other imported 
 from __future__ import annotations
 
 import contextlib
+import glob
 import gzip
 import json
 import math
@@ -421,14 +422,19 @@ def _check_target(path: Path) -> None:
 def write_records(path: Path, records: Iterable[dict]) -> int:
     """Write records as JSON Lines (gzip-compressed when `path` ends in .gz), sorted by run key so that
     two exports of the same runs are the same file; written beside `path` and renamed over it, so an
-    interrupted export never leaves a half-written file under the name. Only a regular file (or a new
-    name) is written: a symlink, device, FIFO or folder there is refused. Returns the count."""
+    interrupted export never leaves a half-written file under the name, and the next export to the name
+    removes what a killed one left beside it. Only a regular file (or a new name) is written: a symlink,
+    device, FIFO or folder there is refused. Returns the count."""
+    from gfl_bench.datasets import partial_path, remove_stale_partials
+
     path = Path(path)
     _check_target(path)
     rows = sorted(records, key=lambda r: r["run_key"])
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial = partial_path(path, hidden=True)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        # what an export to this name killed midway left (`.<name>.<host>-<pid>.partial`); nothing else there
+        remove_stale_partials(path.parent, f".{glob.escape(path.name)}.*.partial")
         with open(partial, "xb") as raw:  # a new file of our own: never through a link someone placed there
             # no name and mtime 0 in the gzip header, so the same runs give the same bytes
             out = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) if path.suffix == ".gz" else raw

@@ -477,3 +477,58 @@ def test_8_the_committed_records_import_whole(env):
     assert result.exit_code == 0, result.output
     with RunStore(env / "all.sqlite") as runs:
         assert set(runs.frame()["run_key"]) == expected
+
+
+# Low: `.partial` files left by a kill are never removed ------------------------------------------
+
+DEAD_PID = 2**22 + 1  # above Linux's largest pid: no process has it
+
+
+def _host() -> str:
+    import socket
+
+    return socket.gethostname().replace(".", "_")
+
+
+def test_low_an_export_killed_midway_leaves_nothing_after_the_next_export(env, stored):
+    """An export writes `.<name>.<host>-<pid>.partial` and renames it; a kill in between leaves that file. The next
+    export to the name removes the leftovers of dead processes and nothing else in the user's folder."""
+    out = env / "runs.jsonl.gz"
+    dead = [env / f".runs.jsonl.gz.{_host()}-{DEAD_PID}.partial", env / f".runs.jsonl.gz.{DEAD_PID}.partial"]
+    kept = [
+        env / f".runs.jsonl.gz.{_host()}-{os.getppid()}.partial",  # a live writer's
+        env / f".runs.jsonl.gz.another_host-{DEAD_PID}.partial",  # another machine's: cannot tell from here
+        env / f".other.jsonl.gz.{_host()}-{DEAD_PID}.partial",  # another name's: left to its own next export
+        env / f"notes.{DEAD_PID}.partial",  # the user's own file
+    ]
+    for path in (*dead, *kept):
+        path.write_bytes(b"half a file")
+    result = _cli("export", str(out), "--store", str(stored))
+    assert result.exit_code == 0, result.output
+    assert not any(path.exists() for path in dead) and all(path.exists() for path in kept)
+    assert len(read_records(out)) == 4 and not list(env.glob(f".runs.jsonl.gz.{_host()}-{os.getpid()}.partial"))
+
+
+def test_low_a_tuned_file_write_removes_what_a_killed_tune_left(tmp_path):
+    from gfl_bench.protocol import write_tuned
+
+    folder = tmp_path / "tuned"
+    folder.mkdir()
+    dead = [folder / f"tiny-metis-5.json.{DEAD_PID}.partial", folder / f"tiny-metis-5.json.{_host()}-{DEAD_PID}.partial"]
+    alive = folder / f"tiny-metis-5.json.{_host()}-{os.getppid()}.partial"
+    for path in (*dead, alive):
+        path.write_text("{")
+    write_tuned(folder, "tiny", "metis", 5, "fedavg", {"values": {"lr": 0.02}})
+    assert not any(path.exists() for path in dead) and alive.exists()
+    assert json.loads((folder / "tiny-metis-5.json").read_text())["methods"]["fedavg"]["values"] == {"lr": 0.02}
+
+
+def test_low_a_non_finite_value_in_a_tuned_file_names_the_file_and_says_not_finite(env):
+    """JSON's `Infinity` token in a tuned file: one line naming the file and what is wrong with the value."""
+    path = env / "tuned" / "tiny-metis-5.json"
+    path.parent.mkdir()
+    path.write_text('{"dataset": "tiny", "scheme": "metis", "clients": 5, "methods": {"fedavg": {"values": {"lr": Infinity}}}}')
+    result = _cli("run", "-m", "fedavg", *TINY, "--seeds", "1", "--protocol", "fair", "--tuned-dir", str(path.parent),
+                  "--store", str(env / "runs.sqlite"))  # fmt: skip
+    _one_error(result, str(path), "fedavg.lr=inf is not finite")
+    assert not (env / "runs.sqlite").exists()
