@@ -987,7 +987,7 @@ def tune(
     import torch
 
     from gfl_bench.protocol import tuned_dir as resolve_tuned
-    from gfl_bench.runner import DataCache, resolve_device
+    from gfl_bench.runner import DataCache, check_measurable, resolve_device
     from gfl_bench.tune import Budget, TuneInterrupted
 
     methods = split_list(method, "methods")
@@ -1007,6 +1007,8 @@ def tune(
     chosen_device = resolve_device(device)
     root = data_dir or default_data_dir()
     cache = DataCache(root, root / "partitions")
+    for d, m in settings:  # as `run`: a missing dataset, an impossible or unmeasurable partition, before any trial
+        check_measurable(cache.federated(d, partition, m, DEFAULT_DATA_SEED))
     folder = resolve_tuned(tuned_dir)
     storage = Path(store).with_name("tuning.sqlite")
     try:

@@ -532,3 +532,22 @@ def test_low_a_non_finite_value_in_a_tuned_file_names_the_file_and_says_not_fini
                   "--store", str(env / "runs.sqlite"))  # fmt: skip
     _one_error(result, str(path), "fedavg.lr=inf is not finite")
     assert not (env / "runs.sqlite").exists()
+
+
+def test_1_tune_refuses_a_setting_no_client_can_measure_before_any_trial(env, monkeypatch):
+    """`gflbench tune` checks what `run` checks (`runner.check_measurable`) for every setting before its first
+    trial: one line, exit 2, no study and no tuned file."""
+    measured = DataCache.federated
+
+    def without_test_nodes(self, *args):
+        data = measured(self, *args)
+        for graph in data.graphs:
+            graph.test_mask = torch.zeros_like(graph.test_mask)  # no client has a test node
+        return data
+
+    monkeypatch.setattr(DataCache, "federated", without_test_nodes)
+    store, tuned = env / "runs.sqlite", env / "tuned"
+    result = _cli("tune", "-m", "fedavg", *TINY, "--trials", "1", "--no-prune", "--store", str(store),
+                  "--tuned-dir", str(tuned))  # fmt: skip
+    _one_error(result, "tiny metis-5: no client has test nodes")
+    assert not (env / "tuning.sqlite").exists() and not tuned.exists()
