@@ -543,34 +543,42 @@ def check_record(record: object) -> str | None:
     return None
 
 
-def _same_results(a: dict, b: dict) -> bool:
-    """Whether two records of one run key hold the same results (`RESULT_FIELDS`). A field only one of
-    them has is no disagreement: records written before it existed lack it (`excluded_clients`,
-    `data_fingerprint`)."""
-    return all(
-        a.get(name) is None or b.get(name) is None or _json(a[name]) == _json(b[name]) for name in RESULT_FIELDS
-    )
+def _differing_results(a: dict, b: dict) -> list[str]:
+    """The results (`RESULT_FIELDS`) two records of one run key hold differently, by name; none: the same
+    run. A field only one of them has is no disagreement: records written before it existed lack it
+    (`excluded_clients`, `data_fingerprint`). A `data_fingerprint` alone may differ: the same run key
+    computed on other processed data (another data folder, a changed PyG), which is not the same run."""
+    return [name for name in RESULT_FIELDS
+            if a.get(name) is not None and b.get(name) is not None and _json(a[name]) != _json(b[name])]  # fmt: skip
+
+
+def _fields(names: list[str]) -> str:
+    """The differing fields for a one-line message, saying what a differing `data_fingerprint` means."""
+    return ", ".join(f"{n} (other processed data)" if n == "data_fingerprint" else n for n in names)
 
 
 def disagreements(imported: list[Imported]) -> list[str]:
-    """Run keys that two imported records hold with different results, each as "KEY (WHERE vs WHERE)";
-    records repeated with the same results are no conflict."""
+    """Run keys that two imported records hold with different results, each as "KEY (WHERE vs WHERE:
+    FIELDS)"; records repeated with the same results are no conflict."""
     first: dict[str, Imported] = {}
     found = []
     for item in imported:
         seen = first.setdefault(item.record["run_key"], item)
-        if not _same_results(seen.record, item.record):
-            found.append(f"{item.record['run_key']} ({seen.where} vs {item.where})")
+        if differ := _differing_results(seen.record, item.record):
+            found.append(f"{item.record['run_key']} ({seen.where} vs {item.where}: {_fields(differ)})")
     return found
 
 
 def differing_from_stored(store: RunStore, records: list[dict]) -> list[str]:
     """Records whose key the store holds with other results, each as "KEY (method dataset scheme-clients
-    seed S)": `import` keeps the stored run, and says which differ."""
+    seed S: FIELDS)": `import` keeps the stored run, and says which differ and in what."""
     incoming = {record["run_key"]: record for record in records}
-    stored = store.records(incoming)
-    return [f"{r['run_key']} ({r['method']} {r['dataset']} {r['scheme']}-{r['clients']} seed {r['seed']})"
-            for r in stored if not _same_results(r, incoming[r["run_key"]])]  # fmt: skip
+    found = []
+    for r in store.records(incoming):
+        if differ := _differing_results(r, incoming[r["run_key"]]):
+            found.append(f"{r['run_key']} ({r['method']} {r['dataset']} {r['scheme']}-{r['clients']} seed {r['seed']}: "
+                         f"{_fields(differ)})")  # fmt: skip
+    return found
 
 
 def _checksum(values: list) -> int:

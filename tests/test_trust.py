@@ -551,3 +551,25 @@ def test_1_tune_refuses_a_setting_no_client_can_measure_before_any_trial(env, mo
                   "--tuned-dir", str(tuned))  # fmt: skip
     _one_error(result, "tiny metis-5: no client has test nodes")
     assert not (env / "tuning.sqlite").exists() and not tuned.exists()
+
+
+def test_8_an_import_of_the_same_run_on_other_processed_data_is_listed_as_a_conflict(env, stored):
+    """Same run key, same config, same curves, but another `data_fingerprint` (the run was computed on other
+    processed data): against the stored run it is kept and listed, naming the field; between two imported
+    files it is a disagreement, and nothing is imported."""
+    store = env / "runs.sqlite"
+    shutil.copy(stored, store)
+    records = _exported(store, env / "all.jsonl")
+    assert all(r["data_fingerprint"] for r in records)
+    other = copy.deepcopy(records[1])
+    other["data_fingerprint"] = "0" * 64
+    result = _cli("import", str(_write_lines(env / "other.jsonl", [other])), "--store", str(store))
+    assert result.exit_code == 0, result.output
+    (line,) = _lines(result.stderr)
+    assert other["run_key"] in line and "data_fingerprint (other processed data)" in line and "kept" in line
+    with RunStore(store) as runs:
+        assert runs.record(other["run_key"])["data_fingerprint"] == records[1]["data_fingerprint"]
+    fresh = env / "fresh.sqlite"
+    both = _cli("import", str(env / "all.jsonl"), str(env / "other.jsonl"), "--store", str(fresh))
+    _one_error(both, other["run_key"], "disagree", "data_fingerprint (other processed data)")
+    assert not fresh.exists() or len(RunStore(fresh)) == 0
