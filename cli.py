@@ -853,8 +853,12 @@ def _stored_runs(store: Path):
 
 
 def _show(renderable) -> None:
-    """Print a rich table; off a terminal, at full width instead of squeezed into 80 columns."""
+    """Print a rich table; off a terminal, at full width instead of squeezed into 80 columns. In a terminal
+    a plain rich Table (`methods`) wraps, and folds a word wider than its column, instead of cutting it to
+    `…` (rich's default); result tables fold their columns themselves (tables.FoldedTables)."""
     if console.is_terminal:
+        for column in renderable.columns if isinstance(renderable, Table) else ():
+            column.overflow = "fold"
         console.print(renderable)
     else:
         sys.stdout.write(_plain(renderable))

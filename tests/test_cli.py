@@ -253,3 +253,21 @@ def test_a_non_finite_hyperparameter_is_refused_as_not_finite(env, value):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "fedavg.lr=" in lines[0] and "is not finite: it must be a finite number > 0" in lines[0]
     assert not (env / "runs.sqlite").exists()
+
+
+def test_methods_in_a_narrow_terminal_wraps_instead_of_cutting(env, monkeypatch):
+    """On an 80-column terminal rich would cut the resolved values to `…`; `_show` folds them instead."""
+    import os
+
+    from rich.console import Console
+
+    import cli
+
+    terminal = Console(width=80, force_terminal=True, record=True, file=open(os.devnull, "w"))
+    monkeypatch.setattr(cli, "console", terminal)
+    result = CliRunner().invoke(app, ["methods"])
+    assert result.exit_code == 0, result.output
+    text = terminal.export_text()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
+    names = "".join(line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│"))
+    assert "fedgmc-wo-structural" in names  # the first column, read down: every name whole, if wrapped
