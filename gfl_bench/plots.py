@@ -206,7 +206,12 @@ def ranks(analysis: RankAnalysis, titles: Mapping[str, str], caption: str, out: 
     pvalues = analysis.nemenyi if analysis.rejects else analysis.nemenyi * 0 + 1.0
     pvalues = pd.DataFrame(pvalues.to_numpy(), index=ranks.index, columns=ranks.index)
     fig, ax = plt.subplots(figsize=(8, 1.5 + 0.3 * len(ranks)))
-    scikit_posthocs.critical_difference_diagram(ranks, pvalues, ax=ax, alpha=analysis.alpha)
+    drawn = scikit_posthocs.critical_difference_diagram(ranks, pvalues, ax=ax, alpha=analysis.alpha)
+    for lines in drawn["crossbars"]:  # a bar's points in rank order: the library walks a set of labels, whose
+        for line in lines:  # order changes from process to process, and the file would with it (same picture)
+            x, y = (np.asarray(v) for v in line.get_data())
+            order = np.argsort(x, kind="stable")
+            line.set_data(x[order], y[order])
     if analysis.rejects:  # the CD bar above the rank axis's tick labels (the library draws it on them)
         ax.plot([1, 1 + analysis.cd], [1.3, 1.3], color="black", linewidth=2)
         ax.text(1 + analysis.cd / 2, 1.45, f"CD = {analysis.cd:.2f}", ha="center", va="bottom", fontsize=9)

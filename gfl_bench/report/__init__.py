@@ -190,7 +190,6 @@ def _render(staging: Site, protocols: Sequence[str], when: datetime.datetime, ru
         "stamp": when.strftime("%Y-%m-%d %H:%M UTC"),
         "stamp_epoch": int(when.timestamp()),
         "stamp_env": STAMP_ENV,
-        "pinned": STAMP_ENV in os.environ,
         "pages": pages,
         "runs": runs,
         "shown": len(shown),
