@@ -320,7 +320,7 @@ def resolve_params(method: type[Method], overrides: Mapping[str, str]) -> Method
         bound = ranges.get(key, Bound())
         if not math.isfinite(value):  # inf and nan pass or fail a range by accident: say what is wrong with them
             limits = "" if bound == Bound() else f" {bound.describe()}"
-            raise UserError(f"{method.name}.{key}={value!r} is not finite: it must be a finite number{limits}")
+            raise UserError(f"{method.name}.{key}={value!r} is out of range: it must be a finite number{limits}")
         if not bound.admits(value):
             raise UserError(f"{method.name}.{key}={value!r} is out of range: it must be {bound.describe()}")
     return dataclasses.replace(defaults, **values)

@@ -523,14 +523,14 @@ def test_low_a_tuned_file_write_removes_what_a_killed_tune_left(tmp_path):
     assert json.loads((folder / "tiny-metis-5.json").read_text())["methods"]["fedavg"]["values"] == {"lr": 0.02}
 
 
-def test_low_a_non_finite_value_in_a_tuned_file_names_the_file_and_says_not_finite(env):
+def test_low_a_non_finite_value_in_a_tuned_file_names_the_file_and_says_it_must_be_finite(env):
     """JSON's `Infinity` token in a tuned file: one line naming the file and what is wrong with the value."""
     path = env / "tuned" / "tiny-metis-5.json"
     path.parent.mkdir()
     path.write_text('{"dataset": "tiny", "scheme": "metis", "clients": 5, "methods": {"fedavg": {"values": {"lr": Infinity}}}}')
     result = _cli("run", "-m", "fedavg", *TINY, "--seeds", "1", "--protocol", "fair", "--tuned-dir", str(path.parent),
                   "--store", str(env / "runs.sqlite"))  # fmt: skip
-    _one_error(result, str(path), "fedavg.lr=inf is not finite")
+    _one_error(result, str(path), "fedavg.lr=inf is out of range: it must be a finite number > 0")
     assert not (env / "runs.sqlite").exists()
 
 
