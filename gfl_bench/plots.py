@@ -88,7 +88,8 @@ def convergence(
     return _save(fig, out, suffixes)
 
 
-def sensitivity(sel: Selection, dataset: str, scheme: str, clients: int, out: Path) -> list[Path]:
+def sensitivity(sel: Selection, dataset: str, scheme: str, clients: int, out: Path,
+                suffixes: Sequence[str] = FORMATS) -> list[Path]:  # fmt: skip
     """FedGMC's test metric with std bars as each of Q, B, tau, eta varies and the others keep their defaults."""
     fig, axes = plt.subplots(1, len(SENSITIVITY), figsize=(4 * len(SENSITIVITY), 3.2), sharey=True)
     drawn = 0
@@ -121,7 +122,7 @@ def sensitivity(sel: Selection, dataset: str, scheme: str, clients: int, out: Pa
     axes[0].set_ylim(middle - half, middle + half)
     fig.suptitle(f"FedGMC sensitivity, {dataset_spec(dataset).title}, {clients} clients (mean ± std over seeds)")
     fig.tight_layout()
-    return _save(fig, out)
+    return _save(fig, out, suffixes)
 
 
 def sensitivity_specs(dataset: str, scheme: str, clients: int, seeds: int, rounds: int | None = None) -> list:

@@ -127,6 +127,8 @@ def test_refusals_are_one_line_exit_2_and_write_nothing(store, tmp_path):
     line = _one_line_exit_2(_cli("report", "--store", str(store), "--protocol", "paper,fair", "--out", str(out)))
     assert "several protocols in one table" in line
     assert "--records" in _one_line_exit_2(_cli("report", "--records", "--out", str(out)))
+    line = _one_line_exit_2(_cli("report", "--store", str(store), "--out", str(out)))  # the runs have 3 rounds, not 100
+    assert "none of the 18 stored runs" in line and "--rounds" in line and "tiny metis-10" in line
     assert not out.exists()
     foreign = tmp_path / "mine"
     foreign.mkdir()
