@@ -481,7 +481,7 @@ def _fold(width: int, label: Measurement, full: Sequence[int], least: Sequence[i
     frame = _TABLE_FRAME + _COLUMN_FRAME  # the label column's frame and the closing border
     if frame + label.maximum + sum(w + _COLUMN_FRAME for w in full) <= width:
         return [(list(range(len(full))), label.maximum, list(full))]
-    label_width = min(label.minimum, label.maximum)
+    label_width = label.minimum
     room = width - frame - label_width
     groups: list[list[int]] = []
     for j, w in enumerate(full):
