@@ -79,6 +79,7 @@ from gfl_bench.method import (
     SHARED_SEARCH_SPACE, Message, Method, Round, Server, Setup, at_least, int_range, log_range, non_negative,
     positive, unit_interval,
 )
+from gfl_bench.randomness import seeded
 from gfl_bench.training import TrainingClient
 
 # ---------------------------------------------------------------------------------------------------
@@ -348,8 +349,7 @@ class FedSSAClient(TrainingClient):
         super().__init__(cid, graph, model, params, setup)
         self.filter_key = filter_key(model)
         latent = model.classifier.in_features
-        with torch.random.fork_rng(devices=[]):  # seeded per client; leaves the run's RNG stream untouched
-            torch.manual_seed(setup.seed * 100_003 + cid)
+        with seeded(setup.seed * 100_003 + cid, setup.device):  # per client; the run's streams (CPU and CUDA) untouched
             self.variance_head = nn.Linear(latent, latent)  # σ_v² = softplus(Linear(h_v))
             nn.init.zeros_(self.variance_head.weight)  # starts at σ_v² = softplus(0) = ln 2 for every node
             nn.init.zeros_(self.variance_head.bias)

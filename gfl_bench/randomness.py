@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,11 +28,48 @@ def seed_everything(seed: int, device: torch.device) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.use_deterministic_algorithms(True, warn_only=True)  # what has no deterministic kernel: `nondeterministic_kernels`
     # Deterministic mode also fills every new uninitialised tensor with NaN (a guard against kernels that
     # read memory they never wrote). No kernel here does (every result would be NaN), and the fill cost
     # a fifth of a batched Cora round: each large `empty` was written twice (docs/results.md, "Speed").
     torch.utils.deterministic.fill_uninitialized_memory = False
+
+
+# torch's alert for a kernel without a deterministic implementation (deterministic mode, warn_only=True)
+_ALERT = re.compile(r"(\S+) does not have a deterministic implementation")
+
+
+@contextlib.contextmanager
+def nondeterministic_kernels() -> Iterator[set[str]]:
+    """The names of the kernels without a deterministic implementation that ran inside the block.
+
+    Deterministic mode is set with `warn_only=True`: a kernel torch has only in a non-deterministic form
+    (on CUDA, e.g. `bincount` with weights, `histc`, `put_`, some `scatter_reduce` modes) still runs, and
+    torch warns. Workers silence library warnings, so instead of a warning nobody sees, the run's record
+    names each such kernel (`nondeterministic_kernels`; empty: every kernel the run used was deterministic).
+    Other warnings are shown as they would have been.
+    """
+    found: set[str] = set()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.filterwarnings("always", message=_ALERT.pattern)  # also where all warnings are ignored
+        yield found
+    for warning in caught:
+        match = _ALERT.match(str(warning.message))
+        if match:
+            found.add(match.group(1))
+        else:
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno, warning.file,
+                                 warning.line)  # fmt: skip
+
+
+@contextlib.contextmanager
+def seeded(seed: int, device: torch.device) -> Iterator[None]:
+    """Draw from generators seeded with `seed` inside the block, and leave the run's streams as they were:
+    the CPU generator and, on CUDA, the run's device generator (`torch.manual_seed` seeds every device)."""
+    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda, device_type="cuda"):
+        torch.manual_seed(seed)
+        yield
 
 
 class RunRandomness:

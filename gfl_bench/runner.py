@@ -34,7 +34,7 @@ from gfl_bench.method import Client, MethodParams, Round, Server, Setup, clone_m
 from gfl_bench.metrics import defined_on, metric_fn
 from gfl_bench.partition import Partition, cached_partition, client_graphs
 from gfl_bench.provenance import provenance
-from gfl_bench.randomness import RunRandomness, SharedRandomness, seed_everything
+from gfl_bench.randomness import RunRandomness, SharedRandomness, nondeterministic_kernels, seed_everything
 from gfl_bench.spec import RunSpec
 from gfl_bench.store import finite
 
@@ -216,14 +216,31 @@ def run_together(
 
     Timings: configure and aggregation are each run's own; the shared local training and evaluation
     are split evenly, so `seconds_per_round` is the run's share of the stacked round (the record's
-    `stacked_runs` says how many shared it).
+    `stacked_runs` says how many shared it). Each record names the kernels without a deterministic
+    implementation that ran (`nondeterministic_kernels`, gfl_bench/randomness.py).
     """
+    with nondeterministic_kernels() as kernels:
+        records = _run_together(specs, data, device, on_round, snapshot_rounds, snapshot_dir, batched, sparse_features)
+    return [{**record, "nondeterministic_kernels": sorted(kernels)} for record in records]
+
+
+def _run_together(
+    specs: list[RunSpec],
+    data: FederatedData,
+    device: torch.device,
+    on_round: Callable[[RunSpec, int, float, float], None] | None,
+    snapshot_rounds: frozenset[int],
+    snapshot_dir: Path | None,
+    batched: bool,
+    sparse_features: bool,
+) -> list[dict]:
     if len(specs) > 1 and not (batched and stackable(specs)):
         raise ValueError("only runs of one batchable configuration differing in their seed stack, with batched=True")
     method = method_class(specs[0].method)
     if device.type == "cpu":
         keep_freed_memory()  # large tensors reused from the heap, not re-mapped (gfl_bench/allocator.py)
     started = time.time()
+    memory = _DeviceMemory(device, data.on_device(specs[0].params, device))  # before anything of the run is made
     parties: list[_Party] = []
     for spec in specs:
         seed_everything(spec.seed, device)
@@ -258,8 +275,6 @@ def run_together(
     client_ids = list(range(len(graphs)))
     share = 1.0 / len(parties)
 
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     for index in range(specs[0].rounds):
         _sync(device)
         tic = time.perf_counter()
@@ -342,12 +357,14 @@ def run_together(
         if device.type == "cpu":
             release_excess_heap()  # the kept heap's freed memory stays bounded across rounds (gfl_bench/allocator.py)
     execution = "batched" if together is not None else "per-client"
-    return [_record(p, data, device, started, execution, sparse_features, len(parties)) for p in parties]
+    peaks = memory.peaks()
+    return [_record(p, data, device, started, execution, sparse_features, len(parties), peaks) for p in parties]
 
 
 def _record(
-    party: _Party, data: FederatedData, device: torch.device, started: float, execution: str, sparse_features: bool, stacked: int
-) -> dict:
+    party: _Party, data: FederatedData, device: torch.device, started: float, execution: str, sparse_features: bool,
+    stacked: int, peaks: dict[str, int],
+) -> dict:  # fmt: skip
     """The stored record of one finished run (results/README.md lists the fields). A value undefined for
     a client (NaN: no such node, or a ROC-AUC split lacking a class) is null in it: JSON has no NaN."""
     curves = party.curves
@@ -368,11 +385,14 @@ def _record(
         "client_curves": party.client_curves,
         "excluded_clients": {split: excluded_clients(party.client_curves[split]) for split in ("val", "test")},
         "seconds_per_round": party.seconds,
+        # round 0 apart: it carries one-off work (CUDA and library start-up, FedSage+'s generator phase);
+        # the store's summary column is the median of the later rounds (store.round_seconds)
+        "first_round_seconds": party.seconds[0],
         "seconds_per_phase": party.phases,
         "execution": execution,
         "stacked_runs": stacked,
         "features": "sparse" if sparse_features else "dense",
-        "peak_memory_bytes": peak_memory(device),
+        **peaks,
         "bytes_up": party.bytes_up,
         "bytes_down": party.bytes_down,
         "diagnostics": party.diagnostics,
@@ -459,14 +479,57 @@ def _timed(spent: dict[str, float], phase: str, device: torch.device) -> Iterato
     spent[phase] += time.perf_counter() - tic
 
 
-def peak_memory(device: torch.device) -> int:
-    """Peak memory of the run: CUDA memory allocated by torch on a GPU; on a CPU the process's peak
-    resident set size, a high-water mark that also counts earlier runs of the same worker process."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    import resource
+class _DeviceMemory:
+    """The run's peak memory, measured from the run's start.
 
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+    On CUDA: torch's peak counters are reset when the run starts, after the allocator's cached blocks are
+    returned (`empty_cache`), so nothing of an earlier run in the same worker is in them. Memory held
+    before the start (device graphs that `FederatedData` caches for later runs of the worker) is subtracted,
+    and the run's own input graphs are added once, whether they were cached or prepared just now: the
+    peak is this run's, the same for its first and its tenth run in a worker. `peak_memory_bytes` is what
+    its tensors held at most (max allocated); `peak_reserved_bytes` what torch's caching allocator held
+    at most (max reserved, its blocks' rounding and reserve included), which is what a process needs on
+    the GPU besides its CUDA context (`sweep.packed_workers`).
+
+    On a CPU: the process's peak resident set size, a high-water mark that also counts earlier runs of the
+    same worker process (`peak_reserved_bytes` is not recorded).
+    """
+
+    def __init__(self, device: torch.device, graphs: list[Data]) -> None:
+        self.device = device
+        if device.type != "cuda":
+            return
+        self.own_graphs = _bytes_of(graphs)  # prepared now (allocated after the base) or cached (in the base)
+        _sync(device)
+        torch.cuda.empty_cache()
+        self.allocated = torch.cuda.memory_allocated(device) - self.own_graphs
+        self.reserved = torch.cuda.memory_reserved(device) - self.own_graphs
+        torch.cuda.reset_peak_memory_stats(device)
+
+    def peaks(self) -> dict[str, int]:
+        if self.device.type != "cuda":
+            import resource
+
+            return {"peak_memory_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}  # Linux: KiB
+        return {
+            "peak_memory_bytes": int(torch.cuda.max_memory_allocated(self.device) - self.allocated),
+            "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(self.device) - self.reserved),
+        }
+
+
+def _bytes_of(graphs: list[Data]) -> int:
+    """Bytes of the tensors the graphs hold (a CSR operator counted by its three arrays)."""
+    total = 0
+    for graph in graphs:
+        for value in graph.to_dict().values():
+            if not isinstance(value, Tensor):
+                continue
+            if value.layout == torch.sparse_csr:
+                parts = (value.crow_indices(), value.col_indices(), value.values())
+            else:
+                parts = (value,)
+            total += sum(part.numel() * part.element_size() for part in parts)
+    return total
 
 
 def _save_snapshot(state: dict, path: Path) -> None:

@@ -378,7 +378,7 @@ def _row(record: dict) -> dict:
     row = {
         **{c: finite(record.get(c)) for c in _COLUMNS},
         "status": record.get("status", "ok"),
-        "seconds_per_round": _mean(record.get("seconds_per_round", [])),
+        "seconds_per_round": round_seconds(record),
         "record": _json(record),
     }
     row["checksum"] = _checksum(list(row.values()))
@@ -586,5 +586,20 @@ def _checksum(values: list) -> int:
     return zlib.crc32(json.dumps(values, separators=(",", ":")).encode())
 
 
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
+def round_seconds(record: dict) -> float | None:
+    """The `seconds_per_round` column of a record: the median of its rounds after the first.
+
+    Round 0 carries one-off work (CUDA and library start-up, FedSage+'s generator phase), so its time
+    depends on the run's place in its worker; records that store it apart (`first_round_seconds`, from
+    the commit that added it on) get the median of rounds 1.. (round 0 alone for a one-round run). A
+    record without it, written before, keeps the column it was stored with: the mean of all its rounds.
+    The record itself keeps every round's time either way.
+    """
+    import statistics
+
+    values = record.get("seconds_per_round") or []
+    if not values:
+        return None
+    if "first_round_seconds" not in record:
+        return sum(values) / len(values)
+    return statistics.median(values[1:] or values)

@@ -65,6 +65,7 @@ def grid_specs(
 
 ROUND_TIMES_ENV = "GFLBENCH_ROUND_TIMES"
 ROUND_TIMES_COLUMNS = ("method", "dataset", "scheme", "clients", "device", "seconds_per_round", "peak_mb", "machine")
+# optional: `context_mb`, a CUDA process's memory outside torch's allocator, measured by bench/round_time.py
 
 
 def default_round_times() -> Path:
@@ -151,16 +152,32 @@ def _measured_basis(table: pd.DataFrame, method: str, dataset: str, scheme: str,
     return per_round, f"round_times.csv, scaled from {nearest} clients"
 
 
-CUDA_CONTEXT_MB = 600.0  # per process, outside torch's allocator; an assumption (typical), not measured here
+CUDA_CONTEXT_MB = 600.0  # per process, outside torch's allocator: the assumption until a GPU measures it
 MEMORY_HEADROOM = 0.8  # share of the free memory the packed runs may plan to use
+# Processes sharing one GPU at most. Without MPS the GPU time-slices between the processes' contexts, so
+# more processes add contexts (memory) and switching, not throughput, once the GPU is busy; 8 is the
+# largest count bench/gpu_check.sh measures (runs per hour at 1, 2, 4, 8 workers).
+MAX_RUNS_PER_GPU = 8
+
+
+def context_mb(measured: pd.DataFrame) -> tuple[float, str]:
+    """A CUDA process's memory outside torch's allocator: the largest `context_mb` measured on CUDA
+    (bench/round_time.py), else the `CUDA_CONTEXT_MB` assumption."""
+    if len(measured) and "context_mb" in measured.columns:
+        cuda = _of_device_type(measured, "cuda")["context_mb"].dropna()
+        if len(cuda):
+            return float(cuda.max()), "measured CUDA context"
+    return CUDA_CONTEXT_MB, "assumed CUDA context"
 
 
 def run_memory_mb(specs: Sequence[RunSpec], measured: pd.DataFrame, device: str) -> tuple[float, str]:
-    """The largest measured peak memory (MB) of one run among the planned cells, and where it comes from.
+    """The memory (MB) one run's process needs among the planned cells, and where it comes from.
 
     From `measured` (bench/round_times.csv's `peak_mb`) on the same device type: the planned
     (method, dataset) pairs at any client count; a pair without a row takes the dataset's largest
-    measured run of any method. NaN when a planned dataset was never measured on this device type.
+    measured run of any method. On CUDA, `peak_mb` is what torch's allocator reserved at most in the
+    run (runner.py `peak_reserved_bytes`, written by bench/round_time.py), and the process's CUDA
+    context is added (`context_mb`). NaN when a planned dataset was never measured on this device type.
     """
     kind = device.split(":")[0]
     rows = _of_device_type(measured, device) if len(measured) else measured
@@ -172,23 +189,28 @@ def run_memory_mb(specs: Sequence[RunSpec], measured: pd.DataFrame, device: str)
         if not len(same):
             return math.nan, f"no {kind} measurement of {dataset} in round_times.csv"
         peaks.append(float(same["peak_mb"].max()))
-    return (max(peaks), "round_times.csv peak_mb") if peaks else (math.nan, "nothing planned")
+    if not peaks:
+        return math.nan, "nothing planned"
+    if kind == "cuda":
+        context, source = context_mb(measured)
+        return max(peaks) + context, f"round_times.csv peak_mb + {context:.0f} MB {source}"
+    return max(peaks), "round_times.csv peak_mb"
 
 
 def packed_workers(run_mb: float, free_mb: float, cores: int, runs: int, cuda: bool) -> int:
     """How many runs to execute at once on one machine (`--workers 0`).
 
     Each run is a process with one thread, so never more than the CPU cores (on a GPU each process
-    also needs a core to launch its kernels), nor more than there are runs. Memory: the runs must fit
-    in `MEMORY_HEADROOM` of the free memory (GPU memory on CUDA, where each process also holds a CUDA
-    context; RAM on a CPU). An unmeasured run size (NaN) packs one run per core on a CPU, where a
-    run's memory is small against RAM, and one run on a GPU.
+    also needs a core to launch its kernels), nor more than there are runs, nor on a GPU more than
+    `MAX_RUNS_PER_GPU`. Memory: the runs must fit in `MEMORY_HEADROOM` of the free memory (GPU memory
+    on CUDA, RAM on a CPU); `run_mb` is one run's process (`run_memory_mb`: on CUDA its allocator's
+    reserve and its CUDA context). An unmeasured run size (NaN) packs one run per core on a CPU, where
+    a run's memory is small against RAM, and one run on a GPU.
     """
-    by_cores = max(1, min(cores, runs))
+    by_cores = max(1, min(cores, runs, MAX_RUNS_PER_GPU if cuda else cores))
     if math.isnan(run_mb):
         return 1 if cuda else by_cores
-    per_run = run_mb + (CUDA_CONTEXT_MB if cuda else 0.0)
-    by_memory = max(1, int(free_mb * MEMORY_HEADROOM // per_run))
+    by_memory = max(1, int(free_mb * MEMORY_HEADROOM // run_mb))
     return min(by_cores, by_memory)
 
 

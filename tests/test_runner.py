@@ -105,3 +105,93 @@ def test_an_absent_cuda_index_is_a_user_error(monkeypatch):
     with pytest.raises(UserError, match=r"device cuda:2 is not there: torch sees 2 CUDA device\(s\), cuda:0 to cuda:1"):
         resolve_device("cuda:2")
     assert resolve_device("cuda:1") == torch.device("cuda", 1)
+
+
+def test_seconds_per_round_column_is_the_median_after_the_first_round_for_new_records(tiny_federation, tmp_path):
+    """Round 0 carries one-off work; a new record stores it apart and the column is the later rounds' median.
+    A record written before (no `first_round_seconds`) keeps its column: the mean of all its rounds."""
+    from gfl_bench.store import RunStore, round_seconds
+
+    record = run(make_spec("fedavg", "tiny", "metis", 5, 0, rounds=4), tiny_federation, torch.device("cpu"))
+    seconds = record["seconds_per_round"]
+    assert len(seconds) == 4 and record["first_round_seconds"] == seconds[0]
+    with RunStore(tmp_path / "runs.sqlite") as store:
+        store.put(record)
+        column = float(store.frame()["seconds_per_round"].iloc[0])
+    assert column == pytest.approx(sorted(seconds[1:])[1])  # the median of three
+    old = {k: v for k, v in record.items() if k != "first_round_seconds"} | {"seconds_per_round": [9.0, 1.0, 2.0]}
+    assert round_seconds(old) == 4.0  # the old rule, unchanged
+    assert round_seconds({**old, "first_round_seconds": 9.0}) == 1.5
+    assert round_seconds({"seconds_per_round": [3.0], "first_round_seconds": 3.0}) == 3.0  # one round: itself
+
+
+def test_nondeterministic_kernels_are_named_and_other_warnings_kept():
+    """Deterministic mode warns (warn_only) where a kernel has no deterministic form; workers ignore
+    warnings, so the record names the kernel instead. `put_` is one on the CPU too."""
+    import warnings
+
+    from gfl_bench.randomness import nondeterministic_kernels, seed_everything
+
+    seed_everything(0, torch.device("cpu"))
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("ignore")  # as in a worker process
+        warnings.filterwarnings("always", message="kept")
+        with nondeterministic_kernels() as kernels:
+            torch.zeros(3).put_(torch.tensor([0, 0]), torch.tensor([1.0, 2.0]))
+            warnings.warn("kept")
+            warnings.warn("dropped as before")
+    assert kernels == {"put_"}
+    assert [str(w.message) for w in shown] == ["kept"]
+
+
+def test_a_record_names_no_nondeterministic_kernel_on_the_cpu(tiny_federation, cpu):
+    record = run(make_spec("fedavg", "tiny", "metis", 5, 0, rounds=2), tiny_federation, cpu)
+    assert record["nondeterministic_kernels"] == []
+
+
+def test_seeded_restores_the_runs_generators(monkeypatch):
+    """FedSSA seeds each client's heads from (seed, client) and must leave the run's streams as they were:
+    the CPU's (checked), and on CUDA the run's device generator, which `torch.manual_seed` reseeds too."""
+    from gfl_bench import randomness
+
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    with randomness.seeded(123, torch.device("cpu")):
+        inside = torch.rand(3)
+    assert torch.equal(torch.get_rng_state(), before)
+    with randomness.seeded(123, torch.device("cpu")):
+        assert torch.equal(torch.rand(3), inside)
+    forked = []
+    monkeypatch.setattr(torch.random, "fork_rng", lambda **kw: forked.append(kw) or __import__("contextlib").nullcontext())
+    monkeypatch.setattr(torch, "manual_seed", lambda seed: None)
+    with randomness.seeded(1, torch.device("cuda", 1)):
+        pass
+    assert forked == [{"devices": [1], "device_type": "cuda"}]
+
+
+def test_cuda_peak_memory_counts_the_runs_own_graphs_once(monkeypatch):
+    """The peak is the run's: memory held before its start (device graphs other runs of the worker cached)
+    is left out, its own input graphs are counted once, cached or not. torch's CUDA counters faked."""
+    from torch_geometric.data import Data
+
+    from gfl_bench import runner
+
+    counters = {"allocated": 0, "reserved": 0, "max_allocated": 0, "max_reserved": 0}
+    for name, key in (("memory_allocated", "allocated"), ("memory_reserved", "reserved"),
+                      ("max_memory_allocated", "max_allocated"), ("max_memory_reserved", "max_reserved")):
+        monkeypatch.setattr(torch.cuda, name, lambda device=None, key=key: counters[key])  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+
+    def reset(device=None):
+        counters["max_allocated"], counters["max_reserved"] = counters["allocated"], counters["reserved"]
+
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+    graphs = [Data(x=torch.zeros(10, 5), edge_index=torch.zeros(2, 6, dtype=torch.long))]
+    own = 10 * 5 * 4 + 2 * 6 * 8
+    assert runner._bytes_of(graphs) == own
+    other_runs_cache = 1_000_000
+    counters.update(allocated=other_runs_cache + own, reserved=2 * other_runs_cache + own)
+    memory = runner._DeviceMemory(torch.device("cuda"), graphs)
+    counters.update(max_allocated=other_runs_cache + own + 5000, max_reserved=2 * other_runs_cache + own + 8192)
+    assert memory.peaks() == {"peak_memory_bytes": own + 5000, "peak_reserved_bytes": own + 8192}

@@ -160,13 +160,14 @@ def test_dry_run_says_which_basis(store, tmp_path, monkeypatch):
 
 
 def test_packing_rule_is_bounded_by_cores_runs_and_memory():
-    from gfl_bench.sweep import CUDA_CONTEXT_MB, MEMORY_HEADROOM, packed_workers
+    from gfl_bench.sweep import CUDA_CONTEXT_MB, MAX_RUNS_PER_GPU, MEMORY_HEADROOM, packed_workers
 
-    per_gpu_run = 1400.0
-    free = 10 * (per_gpu_run + CUDA_CONTEXT_MB) / MEMORY_HEADROOM  # room for exactly ten runs
-    assert packed_workers(per_gpu_run, free, cores=16, runs=100, cuda=True) == 10  # memory binds
+    per_gpu_run = 1400.0 + CUDA_CONTEXT_MB  # a run's process: its allocator's reserve and its CUDA context
+    free = 6 * per_gpu_run / MEMORY_HEADROOM  # room for exactly six runs
+    assert packed_workers(per_gpu_run, free, cores=16, runs=100, cuda=True) == 6  # memory binds
     assert packed_workers(per_gpu_run, free, cores=4, runs=100, cuda=True) == 4  # cores bind
     assert packed_workers(per_gpu_run, free, cores=16, runs=3, cuda=True) == 3  # runs bind
+    assert packed_workers(per_gpu_run, free * 100, cores=64, runs=100, cuda=True) == MAX_RUNS_PER_GPU == 8  # a GPU's cap
     assert packed_workers(per_gpu_run, free * 100, cores=16, runs=100, cuda=False) == 16
     assert packed_workers(5000.0, 1000.0, cores=16, runs=100, cuda=False) == 1  # never below one
     assert packed_workers(math.nan, free, cores=16, runs=100, cuda=True) == 1  # unmeasured: one run on a GPU
@@ -180,7 +181,10 @@ def test_per_run_memory_comes_from_the_same_device_type(tmp_path):
     measured.write_text(MEASURED)
     table = load_round_times(measured)
     tiny = [make_spec("fedavg", "tiny", "metis", 5, 0, rounds=4)]
-    assert run_memory_mb(tiny, table, "cpu")[0] == 300 and run_memory_mb(tiny, table, "cuda:0")[0] == 50
+    assert run_memory_mb(tiny, table, "cpu")[0] == 300
+    assert run_memory_mb(tiny, table, "cuda:0") == (50 + 600, "round_times.csv peak_mb + 600 MB assumed CUDA context")
+    with_context = table.assign(context_mb=[None, 420.0, None])  # measured on the GPU by bench/round_time.py
+    assert run_memory_mb(tiny, with_context, "cuda")[0] == 50 + 420
     other_method = [make_spec("fedprox", "cora", "metis", 10, 0, rounds=4)]
     assert run_memory_mb(other_method, table, "cpu")[0] == 400  # the dataset's largest measured run
     assert math.isnan(run_memory_mb(other_method, table, "cuda")[0])  # cora never measured on a GPU
