@@ -6,17 +6,23 @@ Runs every chosen method for a few rounds on the same partition and prints the m
 interquartile range of its per-round time (configure + local training + aggregation; evaluation
 excluded, CUDA synchronised), the median of each phase (configure, local training, aggregation, and
 the per-round evaluation the round time leaves out), each method's ratio to FedAvg's median, and the
-run's peak memory (CUDA: torch's peak allocation; CPU: the process's peak RSS, cumulative over the
-methods run before it, so run one method per process for a clean CPU figure). The first `--warmup`
+run's peak memory (CUDA: what torch's allocator reserved at most in the run, `peak_reserved_bytes`,
+which is what packing needs; CPU: the process's peak RSS, cumulative over the methods run before it,
+so run one method per process for a clean CPU figure). The first `--warmup`
 rounds (default 1) are left out of the median and shown on their own as "first round(s)": that is
 where one-off work lands (FedSage+'s generator phase, CUDA warm-up). Methods whose behaviour changes
 late (GCFL splits only after round 20) need `--rounds` beyond that. Nothing is stored; the figures
 depend on the machine, which is printed.
 
 `--out FILE` also merges one row per method into a CSV (method, dataset, scheme, clients, device,
-median seconds per round with evaluation included, peak MB, machine), replacing earlier rows of the
-same cell, device and machine. `bench/round_times.csv`, written this way, is what `gflbench sweep
---dry-run` falls back on when the store holds no run of a cell (gfl_bench/sweep.py `estimate`).
+median seconds per round with evaluation included, peak MB, machine, and on CUDA `context_mb`: the
+device memory the process uses outside torch's allocator, its CUDA context, measured once before the
+first run), replacing earlier rows of the same cell, device and machine. Each method's row is merged
+as soon as it finishes, and a method that raises is reported (`FAILED` and its error) without stopping
+the others, so one crash loses no row. `bench/round_times.csv`, written this way, is what `gflbench
+sweep --dry-run` falls back on when the store holds no run of a cell (gfl_bench/sweep.py `estimate`),
+and its peak and context columns are what `--workers 0` packs by (`sweep.run_memory_mb`).
+The script exits 1 when a method failed.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -70,14 +77,21 @@ def main() -> None:
         parser.error("--warmup must be at least 0 and below --rounds")
     root = default_data_dir()
     data = DataCache(root, root / "partitions").federated(args.dataset, args.partition, args.clients, 1234)
+    context = cuda_context_mb(device)
+    label = f"{device_name(device)}, {os.cpu_count()} cores, {torch.get_num_threads()} thread(s)"
 
     rows: dict[str, list[str]] = {}
     medians: dict[str, float] = {}
-    measured: list[dict] = []
+    failed: dict[str, str] = {}
     for method in methods:
         spec = make_spec(method, args.dataset, args.partition, args.clients, 0, overrides[method], rounds=args.rounds,
                          local_epochs=args.local_epochs)  # fmt: skip
-        record = run(spec, data, device, batched=args.batched, sparse_features=args.sparse_features)
+        try:
+            record = run(spec, data, device, batched=args.batched, sparse_features=args.sparse_features)
+        except Exception as error:  # noqa: BLE001 - one method's crash is reported; the others still run
+            failed[method] = f"{type(error).__name__}: {error}"
+            print(f"{method}: FAILED: {failed[method]}", file=sys.stderr, flush=True)
+            continue
         all_seconds = record["seconds_per_round"]
         seconds = all_seconds[args.warmup :]
         q1, median, q3 = statistics.quantiles(seconds, n=4) if len(seconds) > 1 else (seconds[0],) * 3
@@ -87,9 +101,15 @@ def main() -> None:
         rows[method] = [f"{spec.params.backbone}, {record['execution']}", f"{median:.4f}", f"{q1:.4f}–{q3:.4f}", *(f"{p:.4f}" for p in phases),
                         f"{sum(all_seconds[: args.warmup]):.3f}", f"{record['peak_memory_bytes'] / 2**20:.0f}"]  # fmt: skip
         with_evaluation = [s + e for s, e in zip(all_seconds, record["seconds_per_phase"]["evaluate"])][args.warmup :]
-        measured.append({"method": method, "dataset": args.dataset, "scheme": args.partition, "clients": args.clients,
-                         "device": device.type, "seconds_per_round": round(statistics.median(with_evaluation), 5),
-                         "peak_mb": round(record["peak_memory_bytes"] / 2**20), "machine": ""})  # fmt: skip
+        peak = record.get("peak_reserved_bytes", record["peak_memory_bytes"])  # CUDA: the allocator's reserve
+        row = {"method": method, "dataset": args.dataset, "scheme": args.partition, "clients": args.clients,
+               "device": device.type, "seconds_per_round": round(statistics.median(with_evaluation), 5),
+               "peak_mb": round(peak / 2**20), "machine": label}  # fmt: skip
+        if context is not None:
+            row["context_mb"] = round(context)
+        print(f"{method}: {median:.4f} s / round ({record['execution']})", file=sys.stderr, flush=True)
+        if args.out:
+            merge_round_times(args.out, [row])  # at once: a later crash loses nothing
 
     machine = f"{device_name(device)} ({device}), {torch.get_num_threads()} CPU thread(s), {platform.node()}"
     table = Table("method", "backbone", "s / round (median)", "IQR", "configure", "local training", "aggregation",
@@ -99,10 +119,22 @@ def main() -> None:
     base = medians.get("fedavg", float("nan"))
     for method, row in rows.items():
         table.add_row(method, *row[:7], f"{medians[method] / base:.2f}", *row[7:])
+    for method, error in failed.items():
+        table.add_row(method, "FAILED", error[:120])
     Console(width=200).print(table)
-    if args.out:
-        label = f"{device_name(device)}, {os.cpu_count()} cores, {torch.get_num_threads()} thread(s)"
-        merge_round_times(args.out, [{**row, "machine": label} for row in measured])
+    if failed:
+        sys.exit(1)
+
+
+def cuda_context_mb(device: torch.device) -> float | None:
+    """Device memory this process uses outside torch's allocator (its CUDA context, cuBLAS/cuSPARSE
+    handles once loaded), measured before the first run; None off CUDA. Counts other processes' memory
+    too, so measure on an otherwise idle GPU."""
+    if device.type != "cuda":
+        return None
+    torch.ones(1, device=device).sum().item()  # create the context
+    free, total = torch.cuda.mem_get_info(device)
+    return (total - free - torch.cuda.memory_reserved(device)) / 2**20
 
 
 def merge_round_times(path: Path, rows: list[dict]) -> None:
