@@ -75,6 +75,8 @@ def test_the_site_shows_the_stores_cells_with_marks_provenance_and_figures(site,
     for src in re.findall(r'<img src="([^"]+)"', html):
         assert (site / src).is_file(), src
     assert "<dc:date>" not in (site / cd.group(1)).read_text()  # no date inside a figure
+    grid = re.search(r'<section id="grid">.*?All \(each run once\)</td><td>(\d+)</td><td>(\d+)</td>', html, re.S)
+    assert grid and int(grid.group(1)) == int(grid.group(2)) > 10000  # tiny runs are none of the paper grid's
     marker = json.loads((site / MARKER).read_text())
     assert set(marker["files"]) == set(_files(site)) - {MARKER}
 

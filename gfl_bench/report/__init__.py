@@ -60,8 +60,11 @@ STATIC = ("style.css", "report.js")  # copied from the templates as they are
 NOT_BUILT = (
     ("The case-study figure (Fig. 5; it reads FedGMC's snapshots, which records do not hold)",
      "gflbench run -m fedgmc -d cora --clients 10 --seeds 1 --snapshot-rounds 0,99 && gflbench plot case-study -d cora"),
-    ("The grid's cost on this machine and on a GPU", "gflbench sweep --table all --dry-run --workers 0"),
+    ("The grid's cost measured for every method on every dataset (two or three rounds each, generated stand-ins "
+     "for the datasets that cannot be downloaded here); the Grid cost section estimates from what is measured today",
+     "python bench/round_time.py --dataset cora --clients 10"),
 )
+GRID_SEEDS = 10  # the paper's seeds per cell: the grid `gflbench sweep --table all` runs
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,7 @@ def _render(staging: Site, protocols: Sequence[str], when: datetime.datetime, ru
         "shown": len(shown),
         "other": staging.other_configurations(shown),
         "reproducibility": staging.reproducibility(shown),
+        "grid": staging.grid_cost(),
         "not_built": NOT_BUILT,
         "sources": SOURCES,
         "harness": HARNESS_VERSION,
@@ -658,6 +662,35 @@ class Site:
             settings = sorted({f"{d} {s}-{c}" for d, s, c in zip(group["dataset"], group["scheme"], group["clients"])})
             lines.append(f"{protocol} · {method} · configuration {key}: {len(group)} runs ({', '.join(settings)})")
         return lines
+
+    def grid_cost(self) -> dict[str, Any]:
+        """What `gflbench sweep --table all` (protocol paper, seeds 0-9) still has to run, and how long that takes by
+        `sweep.estimate` (the stored runs' seconds per round, else bench/round_times.csv), per table and in all.
+        One estimate for the whole grid; a table's share of a cell is its runs' share (a cell's runs have one schedule)."""
+        from gfl_bench.execute import pending
+        from gfl_bench.sweep import SWEEP_TABLES, estimate, grid_specs, load_round_times, table_grid
+
+        registered = list(self.registered)
+        parts = {f"Table {t}": grid_specs(table_grid(t, registered), GRID_SEEDS, {}) for t in SWEEP_TABLES}
+        parts["Sensitivity"] = [s for d in plots.SENSITIVITY_DATASETS for s in plots.sensitivity_specs(d, "metis", 10, GRID_SEEDS)]
+        keyed = {name: {s.run_key: s for s in specs} for name, specs in parts.items()}
+        every = {key: spec for specs in keyed.values() for key, spec in specs.items()}
+        key_of = {id(spec): key for key, spec in every.items()}
+        todo = pending(list(every.values()), self.runs, False, False)
+        missing = {key_of[id(spec)]: spec for spec in todo}
+        measured = load_round_times()
+        plan = estimate(todo, self.frame, measured, device="cpu")
+        cells = zip(plan["method"], plan["dataset"], plan["scheme"], plan["clients"], plan["est. seconds"], plan["runs"])
+        per_run = {(m, d, sc, c): seconds / runs for m, d, sc, c, seconds, runs in cells if runs and not math.isnan(seconds)}
+        rows = []
+        for name, specs in [*keyed.items(), ("All (each run once)", every)]:
+            known = [per_run[cell] for key in specs if key in missing
+                     if (cell := (specs[key].method, specs[key].dataset, specs[key].scheme, specs[key].clients)) in per_run]  # fmt: skip
+            rows.append({"name": name, "runs": len(specs), "missing": sum(key in missing for key in specs),
+                         "with_basis": len(known), "hours": f"{sum(known) / 3600:.1f}"})  # fmt: skip
+        devices = sorted(set(measured["device"].astype(str).str.split(":").str[0])) if len(measured) else []
+        return {"rows": rows, "seeds": GRID_SEEDS, "measured_devices": ", ".join(devices) or "none",
+                "gpu": "cuda" in devices}  # fmt: skip
 
     def reproducibility(self, shown: set[str]) -> dict[str, Any]:
         records = self.records(sorted(shown))
