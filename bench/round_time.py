@@ -96,12 +96,12 @@ def main() -> None:
         seconds = all_seconds[args.warmup :]
         q1, median, q3 = statistics.quantiles(seconds, n=4) if len(seconds) > 1 else (seconds[0],) * 3
         medians[method] = median
+        peak = record.get("peak_reserved_bytes", record["peak_memory_bytes"])  # CUDA: the allocator's reserve
         phases = [statistics.median(record["seconds_per_phase"][p][args.warmup :])
                   for p in ("configure", "fit", "aggregate", "evaluate")]  # fmt: skip
         rows[method] = [f"{spec.params.backbone}, {record['execution']}", f"{median:.4f}", f"{q1:.4f}–{q3:.4f}", *(f"{p:.4f}" for p in phases),
-                        f"{sum(all_seconds[: args.warmup]):.3f}", f"{record['peak_memory_bytes'] / 2**20:.0f}"]  # fmt: skip
+                        f"{sum(all_seconds[: args.warmup]):.3f}", f"{peak / 2**20:.0f}"]  # fmt: skip
         with_evaluation = [s + e for s, e in zip(all_seconds, record["seconds_per_phase"]["evaluate"])][args.warmup :]
-        peak = record.get("peak_reserved_bytes", record["peak_memory_bytes"])  # CUDA: the allocator's reserve
         row = {"method": method, "dataset": args.dataset, "scheme": args.partition, "clients": args.clients,
                "device": device.type, "seconds_per_round": round(statistics.median(with_evaluation), 5),
                "peak_mb": round(peak / 2**20), "machine": label}  # fmt: skip
