@@ -783,9 +783,12 @@ def _cost_figure(points: list[dict], setting: tuple[str, str, int], out: Path) -
     with plt.rc_context(_FIGURE_STYLE):
         fig, axes = plt.subplots(1, 2, figsize=(8, 3))
         for ax, key, label in ((axes[0], "mb", "MB communicated (all rounds)"), (axes[1], "seconds", "training seconds (all rounds)")):
+            same: dict[tuple[float, float], list[str]] = {}  # methods at one point (FedProx = FedAvg) share a label
             for p in points:
-                ax.scatter(p[key], p["value"], s=18)
-                ax.annotate(p["method"], (p[key], p["value"]), textcoords="offset points", xytext=(4, 2), fontsize=7)
+                same.setdefault((round(p[key], 6), round(p["value"], 6)), []).append(p["method"])
+            for (x, y), names in same.items():
+                ax.scatter(x, y, s=18)
+                ax.annotate(" = ".join(names), (x, y), textcoords="offset points", xytext=(4, 2), fontsize=7)
             ax.set_xlabel(label)
             ax.set_ylabel(f"test {_metric(setting[0])} (%)")
             ax.grid(alpha=0.3)
