@@ -32,25 +32,21 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")  # files only
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from gfl_bench import plots, significance, tables  # noqa: E402
-from gfl_bench.compare import compare  # noqa: E402
-from gfl_bench.datasets import dataset_spec  # noqa: E402
-from gfl_bench.errors import UserError  # noqa: E402
-from gfl_bench.method import all_methods, method_class  # noqa: E402
-from gfl_bench.paper import SOURCES  # noqa: E402
-from gfl_bench.presets import SCHEDULE_KEYS, PresetRow, read_preset  # noqa: E402
-from gfl_bench.protocol import DEFAULT_PROTOCOL, PROTOCOLS, read_tuned, tuned_dir, tuned_file  # noqa: E402
-from gfl_bench.significance import BEST, FEW, PairedTest  # noqa: E402
-from gfl_bench.spec import HARNESS_VERSION, RunSpec  # noqa: E402
-from gfl_bench.store import RunStore, disagreements, read_records  # noqa: E402
+from gfl_bench import plots, significance, tables  # plots selects matplotlib's file-only backend (Agg)
+from gfl_bench.compare import compare
+from gfl_bench.datasets import dataset_spec
+from gfl_bench.errors import UserError
+from gfl_bench.method import all_methods, method_class
+from gfl_bench.paper import SOURCES
+from gfl_bench.presets import PresetRow, read_preset
+from gfl_bench.protocol import DEFAULT_PROTOCOL, PROTOCOLS, read_tuned, tuned_dir, tuned_file
+from gfl_bench.significance import BEST, FEW, PairedTest
+from gfl_bench.spec import HARNESS_VERSION, RunSpec
+from gfl_bench.store import RunStore, disagreements, read_records
 
 MARKER = ".gflbench-report.json"  # in every report folder: what was written, so a rebuild may replace it
 STAMP_ENV = "SOURCE_DATE_EPOCH"  # seconds since 1970 (UTC); pins the build stamp (reproducible-builds.org)
@@ -376,7 +372,8 @@ class Site:
                 entry: dict[str, Any] = {"text": text, "classes": [], "href": None, "title": "", "paper": None}
                 if mark is not None:
                     entry["classes"].append({BEST: "best", FEW: "few"}.get(mark.verdict, mark.verdict))
-                    entry["p"] = "" if math.isnan(mark.p) else f"{mark.p:.3g}"
+                    if not math.isnan(mark.p):
+                        entry["title"] = f"Holm-adjusted p against the column's best: {mark.p:.3g} ({mark.n} paired seeds)"
                 if second.get(column) == label:
                     entry["classes"].append("second")
                 setting = by_title.get(column)
@@ -385,7 +382,7 @@ class Site:
                     cell = provenance.get((method, d, scheme, c))
                     if cell is not None:
                         entry["href"] = f"#cell-{cell['id']}"
-                        entry["title"] = cell["hover"]
+                        entry["title"] = "; ".join(filter(None, (cell["hover"], entry["title"])))
                     published = paper_index.get((table, method, d, scheme, c))
                     if published is not None:
                         entry["paper"] = {
