@@ -311,6 +311,7 @@ def run(
     ]  # fmt: skip
     if stack_seeds < 1:
         raise UserError(f"--stack-seeds must be at least 1, got {stack_seeds}")
+    _check_snapshot_rounds(snapshots, specs)
     env = Environment(device, data_dir or default_data_dir(), threads, snapshots, snapshot_dir, batched, sparse_features, stack_seeds)
     no_snapshots = frozenset(
         s.run_key for s in specs if any(not (snapshot_dir / s.run_key / f"round{r}.pt").exists() for r in snapshots)
@@ -473,6 +474,15 @@ def _grid_specs_checked(
         console.print(f"not implemented yet, skipped: {', '.join(grid.skipped)}")
     return grid_specs(grid, seeds, _selected_overrides(set_, list(grid.methods), selection), rounds, local_epochs,
                       protocol, tuned)  # fmt: skip
+
+
+def _check_snapshot_rounds(snapshots: frozenset[int], specs: list[RunSpec]) -> None:
+    """A snapshot round a run never reaches would be asked for again on every rerun, and never written."""
+    for spec in specs:
+        beyond = sorted(r for r in snapshots if not 0 <= r < spec.rounds)
+        if beyond:
+            raise UserError(f"--snapshot-rounds {','.join(map(str, beyond))}: {spec.method} on {spec.dataset} runs rounds "
+                            f"0..{spec.rounds - 1}; give rounds inside that range")  # fmt: skip
 
 
 def _check_rule(selection: str) -> None:

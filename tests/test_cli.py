@@ -23,6 +23,7 @@ BAD_INPUTS = [
     (["run", "-m", "fedavg", "-d", "tiny", "--set", "fedavg.weighting=size"], "weighting"),
     (["run", "-m", "fedavg", "-d", "tiny", "--device", "tpu"], "device"),
     (["run", "-m", "fedavg", "-d", "amazon-photo"], "GFLBENCH_RAW_MIRROR"),
+    (["run", "-m", "fedavg", "-d", "tiny", "--rounds", "2", "--snapshot-rounds", "1,5"], "--snapshot-rounds 5"),
     (["table", "8"], "no table '8'"),
     (["table", "--format", "pdf"], "unknown format"),
     (["partitions", "-d", "tiny", "--scheme", "overlap", "--clients", "3"], "multiple"),
