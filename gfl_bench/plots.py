@@ -38,7 +38,7 @@ SENSITIVITY_MIN_RANGE = 4.0  # percentage points
 FORMATS = (".png", ".pdf")  # what `gflbench plot` writes; `gflbench report` asks for ".svg"
 
 
-def _save(fig: plt.Figure, out: Path, suffixes: Sequence[str] = FORMATS) -> list[Path]:
+def save_figure(fig: plt.Figure, out: Path, suffixes: Sequence[str] = FORMATS) -> list[Path]:
     """Write the figure once per suffix. An SVG carries no date and a fixed id salt, so that the same
     figure gives the same bytes (the report's reproducibility; matplotlib otherwise stamps both)."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -85,7 +85,7 @@ def convergence(
     ax.set_title(f"{dataset_spec(dataset).title}, {'non-overlapping' if scheme == 'metis' else 'overlapping'}, {clients} clients")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, out, suffixes)
+    return save_figure(fig, out, suffixes)
 
 
 def sensitivity(sel: Selection, dataset: str, scheme: str, clients: int, out: Path,
@@ -122,7 +122,7 @@ def sensitivity(sel: Selection, dataset: str, scheme: str, clients: int, out: Pa
     axes[0].set_ylim(middle - half, middle + half)
     fig.suptitle(f"FedGMC sensitivity, {dataset_spec(dataset).title}, {clients} clients (mean ± std over seeds)")
     fig.tight_layout()
-    return _save(fig, out, suffixes)
+    return save_figure(fig, out, suffixes)
 
 
 def sensitivity_specs(dataset: str, scheme: str, clients: int, seeds: int, rounds: int | None = None) -> list:
@@ -154,7 +154,7 @@ def case_study(before: Mapping, after: Mapping, title: str, out: Path) -> list[P
         _structural_panel(axes[1][column], snap, f"Structural manifolds, {label}")
     fig.suptitle(title)
     fig.tight_layout()
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def _semantic_panel(ax: plt.Axes, snap: Mapping, title: str) -> None:
@@ -218,4 +218,4 @@ def ranks(analysis: RankAnalysis, titles: Mapping[str, str], caption: str, out: 
         ax.text(1 + analysis.cd / 2, 1.45, f"CD = {analysis.cd:.2f}", ha="center", va="bottom", fontsize=9)
         ax.set_ylim(ax.get_ylim()[0], 2.2)
     fig.text(0.02, 0.0, textwrap.fill(caption, 120), ha="left", va="top", fontsize=7)
-    return _save(fig, out, suffixes)
+    return save_figure(fig, out, suffixes)

@@ -793,7 +793,7 @@ def _cost_figure(points: list[dict], setting: tuple[str, str, int], out: Path) -
             ax.set_ylabel(f"test {_metric(setting[0])} (%)")
             ax.grid(alpha=0.3)
         fig.tight_layout()
-        return plots._save(fig, out, (".svg",))
+        return plots.save_figure(fig, out, (".svg",))
 
 
 def _client_figure(boxes: Mapping[str, np.ndarray], setting: tuple[str, str, int], out: Path) -> list[Path]:
@@ -805,4 +805,4 @@ def _client_figure(boxes: Mapping[str, np.ndarray], setting: tuple[str, str, int
         ax.set_ylabel(f"client test {_metric(setting[0])} (%)")
         ax.grid(alpha=0.3, axis="y")
         fig.tight_layout()
-        return plots._save(fig, out, (".svg",))
+        return plots.save_figure(fig, out, (".svg",))
