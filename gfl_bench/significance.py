@@ -193,9 +193,12 @@ def cell_means(sel: Selection, methods: Sequence[str], cells: Sequence[tuple[str
                named: bool) -> tuple[pd.DataFrame, list[str], list[str]]:  # fmt: skip
     """The cells × methods matrix of seed means where every method has at least RANK_MIN_SEEDS seeds.
 
-    Methods not `named` by the user that reach that count in no cell are left out first (a method
-    stored for one cell would otherwise remove every other cell); then every cell where a method
-    falls short is left out. Returns the matrix and a line per method and per cell left out.
+    Methods not `named` by the user that reach that count in no cell are left out first. If fewer
+    than two cells then have every remaining method, the method whose absence completes the most
+    cells is left out too, one at a time, while that helps and at least three methods remain (a
+    method stored for one cell, FedSage+ on Cora alone, would otherwise leave no analysis at all).
+    Then every cell where a method falls short is left out. Named methods are never left out.
+    Returns the matrix and a line per method and per cell left out.
     """
     values = {(m, c): sel.seed_values(m, *c) for m in methods for c in cells}
     counts = {key: 0 if v is None else len(v) for key, v in values.items()}
@@ -205,6 +208,16 @@ def cell_means(sel: Selection, methods: Sequence[str], cells: Sequence[tuple[str
         kept = [m for m in methods if any(counts[(m, c)] >= RANK_MIN_SEEDS for c in cells)]
         dropped_methods = [f"{m} (fewer than {RANK_MIN_SEEDS} seeds in every cell)" for m in methods
                            if m not in kept and any(counts[(m, c)] for c in cells)]  # fmt: skip
+    def complete(methods: list[str]) -> int:
+        return sum(all(counts[(m, c)] >= RANK_MIN_SEEDS for m in methods) for c in cells)
+
+    while not named and complete(kept) < 2 and len(kept) > 3:
+        gains = {m: complete([k for k in kept if k != m]) for m in kept}
+        drop = max(kept, key=lambda m: gains[m])  # ties: the first in row order
+        if gains[drop] <= complete(kept):
+            break
+        kept.remove(drop)
+        dropped_methods.append(f"{drop} (too few cells with {RANK_MIN_SEEDS} seeds: without it {gains[drop]} cells have every method)")
     rows, dropped_cells = {}, []
     for cell in cells if kept else []:
         short = [f"{m} {counts[(m, cell)]}" for m in kept if counts[(m, cell)] < RANK_MIN_SEEDS]

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from cli import app
 from gfl_bench import significance, tables
 from gfl_bench.errors import UserError
-from gfl_bench.significance import PairedTest, compare_to_best, holm, rank_analysis
+from gfl_bench.significance import PairedTest, cell_means, compare_to_best, holm, rank_analysis
 from gfl_bench.spec import make_spec
 from gfl_bench.store import RunStore
 
@@ -215,3 +215,30 @@ def test_rank_figure_covers_the_cells_where_every_method_has_seeds(store, tmp_pa
     assert "Left out: Cora metis-5 (seeds: local 1, fedprox 1, fedper 1)" in result.stdout
     # ranks: FedPer 1.5 (1st, 2nd), FedProx 1.5, Local 3 -> chi2 = 12/24 * (9 + 9 + 36) - 24 = 3.0, p = exp(-1.5)
     assert f"χ²(2) = 3.00, p = {math.exp(-1.5):.3g}" in result.stdout and "Friedman does not reject" in result.stdout
+
+
+class _Seeds:
+    """A stand-in for tables.Selection: each (method, cell) has the given number of seeds."""
+
+    def __init__(self, counts: dict[tuple[str, str], int]) -> None:
+        self.counts = counts
+
+    def seed_values(self, method: str, dataset: str, scheme: str, clients: int) -> pd.Series | None:
+        n = self.counts.get((method, dataset), 0)
+        return pd.Series([80.0 + len(method)] * n, index=range(n)) if n else None
+
+
+def test_a_method_stored_for_one_cell_is_left_out_rather_than_every_other_cell():
+    cells = [("cora", "metis", 10), ("citeseer", "metis", 10), ("pubmed", "metis", 10)]
+    counts = {(m, d): 3 for m in ("local", "fedavg", "fedpub", "fedgmc") for d, _, _ in cells}
+    counts[("fedsage+", "cora")] = 3  # one cell only
+    counts[("adafgl", "cora")] = counts[("adafgl", "citeseer")] = 3  # no PubMed
+    methods = ["local", "fedavg", "fedsage+", "fedpub", "adafgl", "fedgmc"]
+    frame, dropped_methods, dropped_cells = cell_means(_Seeds(counts), methods, cells, named=False)
+    # without FedSage+ two cells have every method: it alone is left out, said so, and PubMed goes as a cell
+    assert list(frame.columns) == ["local", "fedavg", "fedpub", "adafgl", "fedgmc"] and len(frame) == 2
+    assert dropped_methods == ["fedsage+ (too few cells with 2 seeds: without it 2 cells have every method)"]
+    assert dropped_cells == ["PubMed metis-10 (seeds: adafgl 0)"]
+    # named methods are the user's choice: never left out, so only Cora has them all
+    frame, dropped_methods, _ = cell_means(_Seeds(counts), methods, cells, named=True)
+    assert len(frame) == 1 and dropped_methods == []
