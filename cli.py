@@ -179,6 +179,9 @@ TunedOption = Annotated[
 ]
 RoundsOption = Annotated[Optional[int], typer.Option("--rounds", help="Override the dataset's round count.")]
 AlphaOption = Annotated[float, typer.Option("--alpha", help="Significance level of `table`'s marks and `plot ranks` (docs/protocol.md).")]
+TestOption = Annotated[
+    str, typer.Option("--test", help="Paired test against each column's best: t (from 3 seeds) or wilcoxon (from 6).")
+]
 EpochsOption = Annotated[
     Optional[int], typer.Option("--local-epochs", help="Override the dataset's local epochs per round.")
 ]
@@ -719,9 +722,7 @@ def table(
         str, typer.Option(help="test, or val: the validation values settings are chosen by (never a result).")
     ] = "test",
     alpha: AlphaOption = 0.05,
-    test: Annotated[
-        str, typer.Option("--test", help="Paired test against each column's best: t (from 3 seeds) or wilcoxon (from 6).")
-    ] = "t",
+    test: TestOption = "t",
     set_: SetOption = None,
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,
@@ -942,7 +943,7 @@ def report(
     seeds: Annotated[int, typer.Option(help="Seeds a full cell has; cells with another count are marked (n=k).")] = 10,
     selection: SelectionOption = "global",
     alpha: AlphaOption = 0.05,
-    test: Annotated[str, typer.Option("--test", help="Paired test against each column's best: t or wilcoxon.")] = "t",
+    test: TestOption = "t",
     set_: SetOption = None,
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,
