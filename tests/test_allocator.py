@@ -63,7 +63,18 @@ def test_a_freed_large_tensor_serves_the_next_one_without_new_page_faults():
 @pytest.mark.skipif(not sys.platform.startswith("linux") or not _glibc(), reason="glibc's mallopt and malloc_trim")
 def test_release_bounds_the_freed_memory_a_process_keeps():
     """Without the release, the trail of unusable freed blocks stays resident (up to 24 × 32 MB here);
-    with it, resident memory stays within the floor (64 MB here) and a block of glibc's default."""
-    default, trail, released = (_run(TRAIL, mode)[0] for mode in ("default", "keep", "release"))
-    assert trail > default + 4 * 32  # several 32 MB blocks left resident without the release
-    assert released <= default + 64 + 32
+    with it, resident memory stays within the floor (64 MB here) and a block of glibc's default.
+
+    Where the small clones land in the heap is not fixed from one process to the next (a fresh process
+    kept 9-10 blocks in 54 of 54 probes here, and two in one CI run of 2026-12-02: 347 MB against 284), so the trail is
+    probed up to three times and must appear in one of them; the bound must hold in every released run."""
+    default = _run(TRAIL, "default")[0]
+    trails = []
+    for _ in range(3):
+        trails.append(_run(TRAIL, "keep")[0])
+        if trails[-1] > default + 4 * 32:
+            break
+    assert trails[-1] > default + 4 * 32, (default, trails)  # several 32 MB blocks left resident without the release
+    for _ in range(2):
+        released = _run(TRAIL, "release")[0]
+        assert released <= default + 64 + 32, (default, released)
