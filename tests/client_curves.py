@@ -1,0 +1,44 @@
+"""The per-client curves every registered method gives in two rounds of Cora METIS-10 (seed 0, `paper`
+protocol, per-client path, CPU, one thread): the fixture that holds the harness redesign (issue 30) to
+"per-client numbers unchanged". `python tests/client_curves.py` rewrites tests/golden/client-curves-cora-metis10.json;
+do that only for a change that is meant to move numbers, and say so in the commit.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gfl_bench.datasets import default_data_dir
+from gfl_bench.method import all_methods
+from gfl_bench.runner import DataCache, resolve_device, run
+from gfl_bench.spec import make_spec
+
+FIXTURE = Path(__file__).resolve().parent / "golden" / "client-curves-cora-metis10.json"
+ROUNDS = 2
+
+
+def client_curves(method: str) -> dict[str, Any]:
+    """One method's two-round per-client validation and test curves, and the bytes it sent each round."""
+    torch.set_num_threads(1)
+    root = default_data_dir()
+    data = DataCache(root, root / "partitions").federated("cora", "metis", 10, 1234)
+    record = run(make_spec(method, "cora", "metis", 10, 0, {}, ROUNDS), data, resolve_device("cpu"))
+    return {"client_curves": record["client_curves"], "bytes_up": record["bytes_up"], "bytes_down": record["bytes_down"]}
+
+
+def main() -> None:
+    methods = sys.argv[1:] or sorted(all_methods())
+    curves = json.loads(FIXTURE.read_text()) if FIXTURE.exists() else {}
+    for method in methods:
+        curves[method] = client_curves(method)
+        print(method, curves[method]["client_curves"]["test"][-1][:3], flush=True)
+    FIXTURE.write_text(json.dumps(curves, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()
