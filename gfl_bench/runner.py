@@ -28,7 +28,7 @@ from torch_geometric.data import Data
 from gfl_bench.allocator import keep_freed_memory, release_excess_heap
 from gfl_bench.backbones import backbone_class, build_backbone, prepared_key
 from gfl_bench.batched import BatchedTraining, batched_trainer
-from gfl_bench.datasets import data_fingerprint, dataset_spec, load_dataset
+from gfl_bench.datasets import data_fingerprint, dataset_spec, load_dataset, partial_path, remove_stale_partials
 from gfl_bench.errors import UserError
 from gfl_bench.method import Client, MethodParams, Round, Server, Setup, clone_message, method_class
 from gfl_bench.metrics import defined_on, metric_fn
@@ -533,8 +533,11 @@ def _bytes_of(graphs: list[Data]) -> int:
 
 
 def _save_snapshot(state: dict, path: Path) -> None:
+    """Write a server snapshot atomically; the leftovers of a writer killed before its rename are removed
+    (named by host and process, as every other file gflbench writes, so a live writer's is kept)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
+    remove_stale_partials(path.parent)
+    partial = partial_path(path)
     torch.save(state, partial)
     os.replace(partial, path)
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from typer.testing import CliRunner
 
@@ -145,9 +148,15 @@ def test_snapshots_of_a_stored_run_are_made_by_running_it_again(env, tmp_path):
     (key,) = store.statuses()
     record = store.record(key)
     snaps = tmp_path / "snaps"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = snaps / key / f"round2.pt.{dead.pid}.partial"  # a writer killed before its rename
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"half a snapshot")
     again = runner.invoke(app, [*args, "--snapshot-rounds", "0,2", "--snapshot-dir", str(snaps)])
     assert "1 to run (1 of them stored, run again for their snapshots)" in " ".join(again.output.split())
     assert (snaps / key / "round0.pt").exists() and (snaps / key / "round2.pt").exists()
+    assert not stale.exists() and not list((snaps / key).glob("*.partial"))
     rerun = store.record(key)
     assert len(store) == 1 and (rerun["curves"], rerun["test"]) == (record["curves"], record["test"])  # deterministic
     third = runner.invoke(app, [*args, "--snapshot-rounds", "0,2", "--snapshot-dir", str(snaps)])
