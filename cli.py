@@ -21,7 +21,7 @@ import unicodedata
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 # What a non-UTF-8 stdout (PYTHONIOENCODING=latin-1, a C locale) gets instead of a character it cannot encode;
 # box-drawing lines become - | +, anything else unlisted its unaccented letter or ?.
@@ -61,12 +61,12 @@ from rich.table import Table
 
 from gfl_bench.datasets import DATA_DIR_ENV, VERBOSE_ENV, dataset_spec, default_data_dir
 from gfl_bench.errors import UserError
-from gfl_bench.execute import Environment, Events
-from gfl_bench.method import all_methods
-from gfl_bench.partition import DEFAULT_DATA_SEED, SCHEMES, check_clients, check_scheme
 from gfl_bench.protocol import DEFAULT_PROTOCOL, PROTOCOLS, TUNED_ENV, check_protocol
-from gfl_bench.spec import RunSpec, make_spec, parse_overrides
 from gfl_bench.store import DEFAULT_STORE, RESULTS_ENV, RunStore
+
+if TYPE_CHECKING:  # names for annotations only: importing them here would load torch for `--help`
+    from gfl_bench.execute import Environment
+    from gfl_bench.spec import RunSpec
 
 # Off a terminal (piped, redirected, a log file) nothing is wrapped or cut: lines are as long as they need.
 console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 10000)
@@ -285,7 +285,9 @@ def run(
     protocol: ProtocolOption = DEFAULT_PROTOCOL,
     tuned_dir: TunedOption = None,
     selection: SelectionOption = "global",
-    data_seed: Annotated[int, typer.Option(help="Seed of the split and partition.")] = DEFAULT_DATA_SEED,
+    data_seed: Annotated[
+        Optional[int], typer.Option(help="Seed of the split and partition; default the protocol's fixed one.")
+    ] = None,
     data_dir: DataDirOption = None,
     store: StoreOption = DEFAULT_STORE,
     force: Annotated[bool, typer.Option(help="Recompute runs that are already stored.")] = False,
@@ -296,6 +298,11 @@ def run(
     snapshot_dir: Annotated[Path, typer.Option(help="Folder for snapshots.")] = Path("results") / "snapshots",
 ) -> None:
     """Train methods on datasets over the paper's partitions and seeds; store every finished run."""
+    from gfl_bench.execute import Environment
+    from gfl_bench.partition import DEFAULT_DATA_SEED, SCHEMES, check_clients, check_scheme
+    from gfl_bench.spec import make_spec
+
+    data_seed = DEFAULT_DATA_SEED if data_seed is None else data_seed  # its value lives with the partitions
     check_protocol(protocol)
     _check_rule(selection)
     methods = split_list(method, "methods")
@@ -358,6 +365,9 @@ def sweep(
     retry_failed: RetryOption = False,
 ) -> None:
     """Run every run a paper table (or an explicit grid) needs that the store lacks, and nothing else."""
+    from gfl_bench.execute import Environment
+    from gfl_bench.method import all_methods
+    from gfl_bench.partition import SCHEMES, check_scheme
     from gfl_bench.sweep import SWEEP_TABLES, Grid, estimate
 
     check_protocol(protocol)
@@ -459,6 +469,7 @@ def _grid_specs_checked(
     grid, table_, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned, selection
 ) -> list[RunSpec]:
     """Restrict a grid to the chosen methods and datasets, check it, and expand it into specs."""
+    from gfl_bench.partition import check_clients
     from gfl_bench.sweep import Grid, grid_specs
 
     if table_ is not None and method:
@@ -498,6 +509,7 @@ def _selected_overrides(set_: list[str] | None, methods: list[str], selection: s
     """`--set` per method, plus what `--selection` switches on inside a method (tables.rule_overrides), so a
     run and a table with the same rule meet the same runs."""
     from gfl_bench import tables
+    from gfl_bench.spec import parse_overrides
 
     return {m: tables.rule_overrides(m, selection, values) for m, values in parse_overrides(set_ or [], methods).items()}
 
@@ -515,7 +527,7 @@ def _run_grid(
     rerun: frozenset[str] = frozenset(),
 ) -> None:
     """Validate devices and data up front, then execute the missing runs with progress, then summarise."""
-    from gfl_bench.execute import check_gpu_share, execute, pending
+    from gfl_bench.execute import Events, check_gpu_share, execute, pending
     from gfl_bench.runner import DataCache, check_measurable, resolve_device
 
     _check_parallel(env.threads, workers)
@@ -736,7 +748,10 @@ def table(
     In Tables 1, 2, 4, 5 and custom tables, each dataset column marks its best mean and the methods not
     significantly worse than it (docs/protocol.md, "Statistics")."""
     from gfl_bench import tables
+    from gfl_bench.method import all_methods
+    from gfl_bench.partition import check_scheme
     from gfl_bench.significance import PairedTest
+    from gfl_bench.spec import parse_overrides
 
     check_protocol(protocol)
     paired = PairedTest(test, alpha)
@@ -905,10 +920,12 @@ def compare(
     store: StoreOption = DEFAULT_STORE,
 ) -> None:
     """Ours next to the paper's published numbers for every cell we have, with flags and a summary (Markdown)."""
-    check_protocol(protocol)
     from gfl_bench import tables
     from gfl_bench.compare import COMPARABLE_TABLES, compare as compare_cells, to_markdown
+    from gfl_bench.method import all_methods
+    from gfl_bench.spec import parse_overrides
 
+    check_protocol(protocol)
     tables.check_rule(selection)
     chosen = parse_ints(tables_, "tables")
     for n in chosen:
@@ -955,7 +972,9 @@ def report(
     import tempfile
 
     from gfl_bench import report as site
+    from gfl_bench.method import all_methods
     from gfl_bench.significance import PairedTest
+    from gfl_bench.spec import parse_overrides
     from gfl_bench.tables import check_rule
 
     if bool(files) != records:
@@ -1001,8 +1020,10 @@ def tune(
     """Choose each method's hyperparameters on validation (Optuna), for `--protocol fair`; resumable after a kill."""
     import torch
 
+    from gfl_bench.partition import DEFAULT_DATA_SEED, check_clients, check_scheme
     from gfl_bench.protocol import tuned_dir as resolve_tuned
     from gfl_bench.runner import DataCache, check_measurable, resolve_device
+    from gfl_bench.spec import make_spec
     from gfl_bench.tune import Budget, TuneInterrupted
 
     methods = split_list(method, "methods")
@@ -1043,6 +1064,7 @@ def tune(
 def _tune_settings(settings: list[tuple[str, int]], methods: list[str], partition: str, budget: Any, cache: Any,
                    chosen_device: Any, storage: Path, folder: Path) -> None:  # fmt: skip
     """`tune`'s studies, setting by setting: a bar or one line per finished trial, a line per chosen configuration."""
+    from gfl_bench.partition import DEFAULT_DATA_SEED
     from gfl_bench.protocol import tuned_file
     from gfl_bench.tune import TrialReport
     from gfl_bench.tune import tune as tune_method
@@ -1108,6 +1130,9 @@ def plot_convergence(
 ) -> None:
     """Test metric per round, methods overlaid (paper Fig. 3, 6, 7; FedGMC's ablations only when named)."""
     from gfl_bench import plots, tables
+    from gfl_bench.method import all_methods
+    from gfl_bench.partition import check_clients
+    from gfl_bench.spec import parse_overrides
 
     check_protocol(protocol)
     dataset_spec(dataset)
@@ -1137,6 +1162,7 @@ def plot_sensitivity(
 ) -> None:
     """FedGMC's metric with std bars over Q, B, tau, eta (paper Fig. 4, 8, 9); runs from `sweep --table sensitivity`."""
     from gfl_bench import plots, tables
+    from gfl_bench.partition import check_clients
 
     dataset_spec(dataset)
     check_clients(partition, clients)
@@ -1161,6 +1187,7 @@ def plot_case_study(
     import torch
 
     from gfl_bench import plots
+    from gfl_bench.spec import make_spec, parse_overrides
 
     before, after = parse_ints(rounds_, "rounds")[:2] if "," in rounds_ else (None, None)
     if before is None:
@@ -1204,6 +1231,9 @@ def plot_ranks(
 ) -> None:
     """Average ranks over a table's cells: Friedman's test and a Nemenyi critical-difference diagram."""
     from gfl_bench import plots, significance, tables
+    from gfl_bench.method import all_methods
+    from gfl_bench.partition import check_scheme
+    from gfl_bench.spec import parse_overrides
 
     check_protocol(protocol)
     tables.check_rule(selection)
@@ -1251,13 +1281,18 @@ def partitions(
     dataset: Annotated[str, typer.Option("--dataset", "-d")],
     scheme: Annotated[str, typer.Option("--scheme", "--partition", help="metis or overlap.")] = "metis",
     clients: Annotated[int, typer.Option(help="Number of clients.")] = 10,
-    data_seed: Annotated[int, typer.Option(help="Seed of the split and partition.")] = DEFAULT_DATA_SEED,
+    data_seed: Annotated[
+        Optional[int], typer.Option(help="Seed of the split and partition; default the protocol's fixed one.")
+    ] = None,
     data_dir: DataDirOption = None,
 ) -> None:
     """Per-client nodes, edges, train/val/test counts and label distribution of one partition."""
     import torch
 
+    from gfl_bench.partition import DEFAULT_DATA_SEED, check_clients
     from gfl_bench.runner import DataCache
+
+    data_seed = DEFAULT_DATA_SEED if data_seed is None else data_seed  # its value lives with the partitions
 
     dataset_spec(dataset)
     check_clients(scheme, clients)
@@ -1285,7 +1320,10 @@ def methods(
 ) -> None:
     """The registered methods with the backbone and hyperparameters a protocol resolves, and what `tune` searches."""
     from gfl_bench import tables
+    from gfl_bench.method import all_methods
+    from gfl_bench.partition import check_clients
     from gfl_bench.protocol import MissingTuning
+    from gfl_bench.spec import make_spec
 
     check_protocol(protocol)
     dataset_spec(dataset)

@@ -29,13 +29,12 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
-
-import torch
-from torch_geometric.data import Data
-from torch_geometric.transforms import Compose, LargestConnectedComponents, NormalizeFeatures, ToUndirected
+from typing import TYPE_CHECKING, NamedTuple
 
 from gfl_bench.errors import UserError
+
+if TYPE_CHECKING:  # torch and PyG are imported where a graph is built: a dataset's name, title and sizes need neither
+    from torch_geometric.data import Data
 
 DATA_DIR_ENV = "GFLBENCH_DATA"
 RAW_MIRROR_ENV = "GFLBENCH_RAW_MIRROR"
@@ -500,6 +499,9 @@ def _read(spec: DatasetSpec, root: Path, data_dir: Path, missing: list[Path]) ->
 
 def preprocess(data: Data, spec: DatasetSpec) -> Data:
     """Keep x, y and edges only; make undirected, keep the largest component, row-normalise if asked."""
+    from torch_geometric.data import Data
+    from torch_geometric.transforms import Compose, LargestConnectedComponents, NormalizeFeatures, ToUndirected
+
     graph = Data(x=data.x.float(), y=data.y.view(-1).long(), edge_index=data.edge_index)
     steps: list[Callable] = [ToUndirected(), LargestConnectedComponents()]
     if spec.normalize_features:
@@ -547,6 +549,8 @@ def _ogb_processed_globals() -> AbstractContextManager:
     and attribute classes. Naming just those (for this call only) keeps the weights-only protection
     instead of loading the file with `weights_only=False`. Before torch 2.5 there is nothing to allow.
     """
+    import torch
+
     if not hasattr(torch.serialization, "safe_globals"):
         return nullcontext()
     from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
@@ -580,6 +584,9 @@ def tiny_graph(
     class, so a GNN can learn it in a few rounds; a ring keeps the graph connected. `degree` edges
     leave each node before symmetrisation.
     """
+    import torch
+    from torch_geometric.data import Data
+
     gen = torch.Generator().manual_seed(seed)
     y = torch.arange(num_nodes) % num_classes
     y = y[torch.randperm(num_nodes, generator=gen)]

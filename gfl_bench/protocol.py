@@ -31,8 +31,6 @@ from typing import Any
 
 from gfl_bench.datasets import partial_path, remove_stale_partials
 from gfl_bench.errors import UserError
-from gfl_bench.method import resolve_params
-from gfl_bench.presets import SCHEDULE_KEYS
 
 PROTOCOLS = {
     "paper": "each method as the paper's numbers were produced, with its source's code and defaults",
@@ -143,6 +141,9 @@ def protocol_values(
     protocol: str, method: type, dataset: str, scheme: str, clients: int, folder: Path | None = None
 ) -> dict[str, str]:
     """The `key=value` settings a protocol gives one method's Params in one setting, as `--set` strings."""
+    from gfl_bench.method import resolve_params  # here, not above: the CLI reads this module's names without torch
+    from gfl_bench.presets import SCHEDULE_KEYS
+
     check_protocol(protocol)
     preset = {key: value for key, value in method.paper_preset(dataset, scheme, clients).items() if key not in SCHEDULE_KEYS}
     if protocol == "paper":
@@ -173,6 +174,8 @@ def protocol_schedule(protocol: str, method: type, dataset: str, scheme: str, cl
 
     Only `paper` sets any, where a method's source trains on its own schedule (FedTAD's and FedGTA's 3 local
     epochs); under `fair` every method runs the dataset's schedule, the same training budget for all."""
+    from gfl_bench.presets import SCHEDULE_KEYS
+
     check_protocol(protocol)
     if protocol != "paper":
         return {}

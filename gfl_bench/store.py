@@ -29,11 +29,12 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gfl_bench.errors import UserError
+
+if TYPE_CHECKING:  # pandas (1.5 s to import) is loaded by `frame`, the one reader that needs it, not by `--help`
+    import pandas as pd
 
 SCHEMA_VERSION = 2  # PRAGMA user_version; 2: the protocol column. A newer store is refused, never rewritten.
 RESULTS_ENV = "GFLBENCH_RESULTS"
@@ -339,6 +340,8 @@ class RunStore:
         `non_finite` marks a record written before records were strict JSON, with NaN tokens in it (a
         client without the nodes a metric needs): SQLite's JSON functions reject such text, so it is
         read without them; its summary columns are as they were stored."""
+        import pandas as pd
+
         strict = "json_valid(record)"
         peak = f"CASE WHEN {strict} THEN json_extract(record, '$.peak_memory_bytes') END AS peak_memory_bytes"
         query = f"SELECT {', '.join(_COLUMNS)}, {peak}, NOT {strict} AS non_finite FROM runs"
