@@ -141,7 +141,7 @@ def _tsne(points: np.ndarray, seed: int = 0) -> np.ndarray:
     return TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed).fit_transform(points)
 
 
-def case_study(before: Mapping, after: Mapping, title: str, out: Path) -> list[Path]:
+def case_study(before: Mapping, after: Mapping, title: str, out: Path, suffixes: Sequence[str] = FORMATS) -> list[Path]:
     """t-SNE of FedGMC's global and local manifolds at two rounds (paper Fig. 5).
 
     Semantic panels: the anchors (stars) and every client's calibrated class means (dots, coloured by
@@ -154,7 +154,7 @@ def case_study(before: Mapping, after: Mapping, title: str, out: Path) -> list[P
         _structural_panel(axes[1][column], snap, f"Structural manifolds, {label}")
     fig.suptitle(title)
     fig.tight_layout()
-    return save_figure(fig, out)
+    return save_figure(fig, out, suffixes)
 
 
 def _semantic_panel(ax: plt.Axes, snap: Mapping, title: str) -> None:

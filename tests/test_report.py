@@ -171,6 +171,41 @@ def test_two_cells_commands_reproduce_their_cells(site, store, tmp_path):
         assert again == {k: v for k, v in original.items() if k[:2] == (method, clients)}
 
 
+def test_a_fedgmc_cell_shows_its_case_study_or_the_commands_that_make_it(tmp_path, monkeypatch):
+    """Without snapshots the cell says what is missing and how to make it; those commands, run as shown, make
+    the snapshots and the figure, and the report given their folder draws the figure in the cell."""
+    from gfl_bench.report import Options, build
+
+    monkeypatch.chdir(tmp_path)  # the commands write into results/snapshots, as a user's would
+    store = tmp_path / "runs.sqlite"
+    assert _cli("run", "-m", "fedgmc", *TINY, "--clients", "5", "--seeds", "1", "--store", str(store)).exit_code == 0
+    plain = tmp_path / "plain"
+    result = _cli("report", "--store", str(store), "--rounds", "3", "--seeds", "1", "--out", str(plain), env={STAMP_ENV: STAMP})
+    assert result.exit_code == 0, result.output
+    html = (plain / "index.html").read_text()
+    details = _details(html, "paper-fedgmc-tiny-metis-5")
+    assert "No case-study figure" in details and "run records do not hold" in details and "<img" not in details
+    assert '<a href="#cell-paper-fedgmc-tiny-metis-5">' in html.split('<section id="case-study">')[1].split("</section>")[0]
+    run_command, plot_command = (shlex.split(c.replace("&#39;", "'")) for c in re.findall(r'<code class="command">(.*?)</code>', details)[1:])
+    assert run_command[-2:] == ["--snapshot-rounds", "0,2"] and plot_command[:3] == ["gflbench", "plot", "case-study"]
+    assert _cli(*run_command[1:], "--store", str(store)).exit_code == 0
+    with RunStore(store) as runs:
+        (key,) = [r["run_key"] for r in runs.records()]
+    snapshots = tmp_path / "results" / "snapshots"
+    assert sorted(p.name for p in (snapshots / key).iterdir()) == ["round0.pt", "round2.pt"]
+    figure = _cli(*plot_command[1:], "--out", str(tmp_path / "case"))
+    assert figure.exit_code == 0, figure.output
+    assert (tmp_path / "case.png").stat().st_size > 1000
+    drawn = tmp_path / "drawn"
+    with RunStore(store) as runs:
+        build(runs, drawn, Options(rounds=3, seeds=1, inputs=(str(store),), snapshots=snapshots))
+    details = _details((drawn / "index.html").read_text(), "paper-fedgmc-tiny-metis-5")
+    src = re.search(r'<figure class="case-study"><img src="(assets/case-study-paper-fedgmc-tiny-metis-5\.svg)"', details)
+    assert src and "No case-study figure" not in details
+    svg = (drawn / src.group(1)).read_text()
+    assert "Semantic manifolds, before refinement" in svg and "Structural manifolds, after refinement" in svg
+
+
 def _chromium() -> str:
     found = shutil.which("chromium")
     if found is None:
