@@ -97,6 +97,25 @@ def stacked_jobs(specs: list[RunSpec], size: int) -> list[list[RunSpec]]:
     return jobs
 
 
+def per_client_fallbacks(specs: Iterable[RunSpec]) -> list[str]:
+    """The methods of these runs that `--batched` (or `--stack-seeds`) cannot batch, so that the command can
+    say so instead of running them per client without a word: a method that does not declare `batchable`,
+    and one whose backbone has no batched network, named as `method (backbone)`. In the order of the runs.
+
+    Two more cases fall back per client and are known only once the data is loaded: a setting with a single
+    client, and a client without training nodes (`batched.batched_trainer`)."""
+    from gfl_bench.backbones import backbone_class
+    from gfl_bench.batched import TRAINERS
+
+    named: dict[str, None] = {}
+    for spec in specs:
+        if not method_class(spec.method).batchable:
+            named[spec.method] = None
+        elif not any(issubclass(backbone_class(spec.params.backbone), family) for family in TRAINERS):
+            named[f"{spec.method} ({spec.params.backbone})"] = None
+    return list(named)
+
+
 def pending(
     specs: Iterable[RunSpec], store: RunStore, force: bool, retry_failed: bool, rerun: frozenset[str] = frozenset()
 ) -> list[RunSpec]:
