@@ -164,7 +164,12 @@ SelectionOption = Annotated[
 ]
 MethodsOption = Annotated[str, typer.Option("--method", "-m", help="Method name(s), comma-separated.")]
 DatasetsOption = Annotated[str, typer.Option("--dataset", "-d", help="Dataset name(s), comma-separated.")]
-PartitionOption = Annotated[str, typer.Option("--partition", "--scheme", help="metis or overlap.")]
+PartitionOption = Annotated[
+    str, typer.Option("--partition", "--scheme", help="metis, overlap (the paper's), louvain or dirichlet (with --alpha).")
+]
+SchemeAlphaOption = Annotated[
+    Optional[float], typer.Option("--alpha", help="The dirichlet scheme's concentration (> 0; smaller: more label skew).")
+]
 ProtocolOption = Annotated[
     str,
     typer.Option(
@@ -247,9 +252,8 @@ ThreadsOption = Annotated[
 RetryOption = Annotated[bool, typer.Option(help="Run again the cells stored as failed.")]
 BatchedOption = Annotated[
     bool,
-    typer.Option("--batched/--per-client", help="Train all clients of a batchable method in one pass per epoch (same numbers "
-                 "up to float rounding on CPU; gfl_bench/batched.py). `gflbench methods` says which methods are (its "
-                 "`batched` column, from each method's registration); the others run per client, and are named."),
+    typer.Option("--batched/--per-client", help="Train all clients of Local, FedAvg, FedPer, FedProx, GCFL, FED-PUB, FedTAD and "
+                 "FedGMC (GCN, H2GCN) in one pass per epoch (same numbers up to float rounding on CPU; gfl_bench/batched.py)."),
 ]
 StackOption = Annotated[
     int,
@@ -270,6 +274,7 @@ def run(
     method: MethodsOption,
     dataset: DatasetsOption,
     partition: PartitionOption = "metis",
+    alpha: SchemeAlphaOption = None,
     clients: Annotated[
         Optional[str], typer.Option(help="Client counts, comma-separated; default the paper's for the scheme.")
     ] = None,
@@ -300,7 +305,7 @@ def run(
 ) -> None:
     """Train methods on datasets over the paper's partitions and seeds; store every finished run."""
     from gfl_bench.execute import Environment
-    from gfl_bench.partition import DEFAULT_DATA_SEED, SCHEMES, check_clients, check_scheme
+    from gfl_bench.partition import DEFAULT_DATA_SEED, check_clients, default_clients, scheme_label
     from gfl_bench.spec import make_spec
 
     data_seed = DEFAULT_DATA_SEED if data_seed is None else data_seed  # its value lives with the partitions
@@ -308,8 +313,8 @@ def run(
     _check_rule(selection)
     methods = split_list(method, "methods")
     datasets = split_list(dataset, "datasets")
-    check_scheme(partition)
-    counts = parse_ints(clients, "client counts") if clients else list(SCHEMES[partition])
+    partition = scheme_label(partition, alpha)
+    counts = parse_ints(clients, "client counts") if clients else list(default_clients(partition))
     if seeds < 1:
         raise UserError(f"--seeds must be at least 1, got {seeds}")
     overrides = _selected_overrides(set_, methods, selection)
@@ -339,6 +344,7 @@ def sweep(
     method: Annotated[Optional[str], typer.Option("--method", "-m", help="Only these methods (or the grid's).")] = None,
     dataset: Annotated[Optional[str], typer.Option("--datasets", "--dataset", "-d", help="Only these datasets.")] = None,
     partition: Annotated[str, typer.Option("--partition", "--scheme", help="Scheme of an explicit grid.")] = "metis",
+    alpha: SchemeAlphaOption = None,
     clients: Annotated[Optional[str], typer.Option(help="Client counts of an explicit grid.")] = None,
     seeds: Annotated[int, typer.Option(help="Run seeds 0..N-1.")] = 10,
     dry_run: Annotated[bool, typer.Option(help="List the missing runs and an estimate of their time; run nothing.")] = False,
@@ -368,7 +374,7 @@ def sweep(
     """Run every run a paper table (or an explicit grid) needs that the store lacks, and nothing else."""
     from gfl_bench.execute import Environment
     from gfl_bench.method import all_methods
-    from gfl_bench.partition import SCHEMES, check_scheme
+    from gfl_bench.partition import default_clients, scheme_label
     from gfl_bench.sweep import SWEEP_TABLES, Grid, estimate
 
     check_protocol(protocol)
@@ -386,8 +392,8 @@ def sweep(
     else:
         if method is None or dataset is None:
             raise UserError("give --table N, or an explicit grid with --method and --datasets")
-        check_scheme(partition)
-        counts = parse_ints(clients, "client counts") if clients else list(SCHEMES[partition])
+        partition = scheme_label(partition, alpha)
+        counts = parse_ints(clients, "client counts") if clients else list(default_clients(partition))
         grid = Grid(tuple(split_list(method, "methods")), tuple(split_list(dataset, "datasets")),
                     tuple((partition, c) for c in counts))  # fmt: skip
         specs = _grid_specs_checked(grid, None, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned_dir,
@@ -528,7 +534,7 @@ def _run_grid(
     rerun: frozenset[str] = frozenset(),
 ) -> None:
     """Validate devices and data up front, then execute the missing runs with progress, then summarise."""
-    from gfl_bench.execute import Events, check_gpu_share, execute, pending, per_client_fallbacks
+    from gfl_bench.execute import Events, check_gpu_share, execute, pending
     from gfl_bench.runner import DataCache, check_measurable, resolve_device
 
     _check_parallel(env.threads, workers)
@@ -541,10 +547,6 @@ def _run_grid(
     with RunStore(store, _say) as runs:
         runs.ensure_writable()  # a read-only or locked store is refused before any run, not after it is computed
         todo = pending(specs, runs, force, retry_failed, rerun)
-        fallbacks = per_client_fallbacks(todo) if env.batched or env.stack_seeds > 1 else []
-        if fallbacks:  # an executor a method cannot use is said, not silently ignored
-            _say(f"{'--batched' if env.batched else '--stack-seeds'}: {', '.join(fallbacks)} cannot be batched; their "
-                 "runs take the per-client path (`gflbench methods` lists which methods can be)")
         if workers == 0 and executor == "local":
             workers = _packed_workers(todo, str(device))
         stored = runs.statuses()
@@ -732,7 +734,9 @@ def table(
         Optional[str],
         typer.Option("--dataset", "-d", help="With a table number: only these datasets; without: a custom table."),
     ] = None,
-    partition: Annotated[str, typer.Option("--partition", "--scheme", help="Scheme of a custom table.")] = "metis",
+    partition: Annotated[
+        str, typer.Option("--partition", "--scheme", help="Scheme of a custom table (a Dirichlet one as dirichlet-0.5).")
+    ] = "metis",
     seeds: Annotated[int, typer.Option(help="Seeds a full cell has; cells with another count are marked (n=k).")] = 10,
     selection: SelectionOption = "global",
     value: Annotated[
@@ -754,7 +758,7 @@ def table(
     significantly worse than it (docs/protocol.md, "Statistics")."""
     from gfl_bench import tables
     from gfl_bench.method import all_methods
-    from gfl_bench.partition import check_scheme
+    from gfl_bench.partition import scheme_label
     from gfl_bench.significance import PairedTest
     from gfl_bench.spec import parse_overrides
 
@@ -768,7 +772,7 @@ def table(
     for d in chosen_datasets or []:
         dataset_spec(d)
     if number is None and chosen_datasets:
-        check_scheme(partition)
+        partition = scheme_label(partition)
     registered = all_methods()
     frame = _stored_runs(store) if numbers != [3] else None
     methods = _chosen_methods(method, frame, registered) if frame is not None else []
@@ -1010,6 +1014,7 @@ def tune(
     method: MethodsOption,
     dataset: DatasetsOption,
     partition: PartitionOption = "metis",
+    alpha: SchemeAlphaOption = None,
     clients: Annotated[str, typer.Option(help="Client counts, comma-separated.")] = "10",
     trials: Annotated[int, typer.Option(help="Trials per method and setting: the same budget for every method.")] = 16,
     tuning_seeds: Annotated[int, typer.Option(help="Seeds per trial (1000, 1001, ...; never a reporting seed).")] = 1,
@@ -1025,7 +1030,7 @@ def tune(
     """Choose each method's hyperparameters on validation (Optuna), for `--protocol fair`; resumable after a kill."""
     import torch
 
-    from gfl_bench.partition import DEFAULT_DATA_SEED, check_clients, check_scheme
+    from gfl_bench.partition import DEFAULT_DATA_SEED, check_clients, scheme_label
     from gfl_bench.protocol import tuned_dir as resolve_tuned
     from gfl_bench.runner import DataCache, check_measurable, resolve_device
     from gfl_bench.spec import make_spec
@@ -1033,7 +1038,7 @@ def tune(
 
     methods = split_list(method, "methods")
     datasets = split_list(dataset, "datasets")
-    check_scheme(partition)
+    partition = scheme_label(partition, alpha)
     counts = parse_ints(clients, "client counts")
     budget = Budget(trials, tuning_seeds, prune, rounds, local_epochs)
     settings = [(d, m) for d in datasets for m in counts]
@@ -1237,7 +1242,7 @@ def plot_ranks(
     """Average ranks over a table's cells: Friedman's test and a Nemenyi critical-difference diagram."""
     from gfl_bench import plots, significance, tables
     from gfl_bench.method import all_methods
-    from gfl_bench.partition import check_scheme
+    from gfl_bench.partition import default_clients, scheme_label
     from gfl_bench.spec import parse_overrides
 
     check_protocol(protocol)
@@ -1250,7 +1255,7 @@ def plot_ranks(
         raise UserError("give a table number (1, 2, 4, 5) or --dataset for the cells to rank over")
     for d in chosen or []:
         dataset_spec(d)
-    check_scheme(partition)
+    partition = scheme_label(partition)
     registered = all_methods()
     frame = _stored_runs(store)
     methods = _chosen_methods(method, frame, registered)
@@ -1259,7 +1264,7 @@ def plot_ranks(
     sel = tables.Selection(frame, parse_overrides(set_ or [], list(registered)), rounds, local_epochs, rule=selection,
                            protocol=protocol, tuned=tuned_dir)  # fmt: skip
     datasets, scheme = tables.result_cells(int(number or 0), chosen, partition)
-    cells = [(d, scheme, c) for d in datasets for c in tables.CLIENTS[scheme]]
+    cells = [(d, scheme, c) for d in datasets for c in default_clients(scheme)]
     means, dropped_methods, dropped_cells = significance.cell_means(sel, methods, cells, named=method is not None)
     left_out = "; ".join(dropped_methods + dropped_cells) or "none"
     try:
@@ -1284,7 +1289,10 @@ def _report_figure(paths: list[Path]) -> None:
 @friendly
 def partitions(
     dataset: Annotated[str, typer.Option("--dataset", "-d")],
-    scheme: Annotated[str, typer.Option("--scheme", "--partition", help="metis or overlap.")] = "metis",
+    scheme: Annotated[
+        str, typer.Option("--scheme", "--partition", help="metis, overlap, louvain or dirichlet (with --alpha).")
+    ] = "metis",
+    alpha: SchemeAlphaOption = None,
     clients: Annotated[int, typer.Option(help="Number of clients.")] = 10,
     data_seed: Annotated[
         Optional[int], typer.Option(help="Seed of the split and partition; default the protocol's fixed one.")
@@ -1294,15 +1302,16 @@ def partitions(
     """Per-client nodes, edges, train/val/test counts and label distribution of one partition."""
     import torch
 
-    from gfl_bench.partition import DEFAULT_DATA_SEED, check_clients
+    from gfl_bench.partition import DEFAULT_DATA_SEED, check_clients, scheme_label
     from gfl_bench.runner import DataCache
 
     data_seed = DEFAULT_DATA_SEED if data_seed is None else data_seed  # its value lives with the partitions
-
     dataset_spec(dataset)
+    scheme = scheme_label(scheme, alpha)
     check_clients(scheme, clients)
     root = data_dir or default_data_dir()
-    data = DataCache(root, root / "partitions").federated(dataset, scheme, clients, data_seed)
+    cache = DataCache(root, root / "partitions")
+    data = cache.federated(dataset, scheme, clients, data_seed)
     t = Table("client", "nodes", "edges", "train", "val", "test", "labels (count per class)",
               title=f"{dataset} {scheme} {clients} clients, data seed {data_seed}, hash {data.partition.digest()}")  # fmt: skip
     for cid, g in enumerate(data.graphs):
@@ -1325,7 +1334,6 @@ def methods(
 ) -> None:
     """The registered methods with the backbone and hyperparameters a protocol resolves, and what `tune` searches."""
     from gfl_bench import tables
-    from gfl_bench.execute import per_client_fallbacks
     from gfl_bench.method import all_methods
     from gfl_bench.partition import check_clients
     from gfl_bench.protocol import MissingTuning
@@ -1335,21 +1343,19 @@ def methods(
     dataset_spec(dataset)
     check_clients(partition, clients)
     registered = all_methods()
-    t = Table("name", "paper row", "backbone", "batched", "shares", "resolved values", "tune searches",
+    t = Table("name", "paper row", "backbone", "shares", "resolved values", "tune searches",
               title=f"Methods under protocol {protocol} ({PROTOCOLS[protocol]}), resolved for {dataset} {partition}-{clients}")  # fmt: skip
     for name in tables.method_order(list(registered)):
         cls = registered[name]
         try:
             spec = make_spec(name, dataset, partition, clients, 0, None, protocol=protocol, tuned=tuned_dir)
         except MissingTuning:
-            t.add_row(name, cls.title, "", "yes" if cls.batchable else "no", cls.summary,
-                      "not tuned yet: gflbench tune -m " + name, "")  # fmt: skip
+            t.add_row(name, cls.title, "", cls.summary, "not tuned yet: gflbench tune -m " + name, "")
             continue
         values = dataclasses.asdict(spec.params)
         backbone = values.pop("backbone")
         space = " ".join(f"{k}∈{s.describe()}" for k, s in cls.Params.search_space.items())
-        batched = "no" if per_client_fallbacks([spec]) else "yes"  # `--batched` / `--stack-seeds` batch it
-        t.add_row(name, cls.title, backbone, batched, cls.summary, " ".join(f"{k}={v}" for k, v in values.items()), space)
+        t.add_row(name, cls.title, backbone, cls.summary, " ".join(f"{k}={v}" for k, v in values.items()), space)
     _show(t)
 
 

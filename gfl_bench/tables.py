@@ -27,6 +27,7 @@ import pandas as pd
 from gfl_bench.datasets import DATASETS, dataset_spec, is_available, load_dataset
 from gfl_bench.errors import UserError
 from gfl_bench.method import method_class
+from gfl_bench.partition import default_clients
 from gfl_bench.protocol import DEFAULT_PROTOCOL, PROTOCOLS, MissingTuning, hyperparameter_source
 from gfl_bench.significance import FEW, PairedTest, compare_to_best
 from gfl_bench.spec import RunSpec, make_spec
@@ -223,7 +224,7 @@ def results_table(number: int, sel: Selection, methods: Sequence[str], titles: M
     """
     datasets, scheme = result_cells(number, datasets, scheme)
     per_clients_avg = number in (2, 5)
-    clients = CLIENTS[scheme]
+    clients = default_clients(scheme)  # the paper's counts for its schemes (= CLIENTS), 5/10/20 for the others
     cells = {(m, d, c): sel.cell(m, d, scheme, c) for m in methods for d in datasets for c in clients}
     tested = {(d, c): compare_to_best({m: v for m in methods if (v := sel.seed_values(m, d, scheme, c)) is not None}, test)
               for d in datasets for c in clients}  # fmt: skip

@@ -15,7 +15,7 @@ BAD_INPUTS = [
     (["run", "-m", "nope", "-d", "tiny"], "unknown method 'nope'"),
     (["run", "-m", "fedavg", "-d", "nope"], "unknown dataset 'nope'"),
     (["run", "-m", "fedavg", "-d", "tiny", "--partition", "overlap", "--clients", "7"], "multiple"),
-    (["run", "-m", "fedavg", "-d", "tiny", "--partition", "louvain"], "unknown partition scheme"),
+    (["run", "-m", "fedavg", "-d", "tiny", "--partition", "spectral"], "unknown partition scheme"),
     (["run", "-m", "fedavg", "-d", "tiny", "--clients", "five"], "integers"),
     (["run", "-m", "fedavg", "-d", "tiny", "--seeds", "0"], "--seeds"),
     (["run", "-m", "fedavg", "-d", "tiny", "--stack-seeds", "0"], "--stack-seeds"),
