@@ -166,15 +166,6 @@ def cluster_clients(distances: Tensor, num_clusters: int) -> Tensor:
     return torch.tensor([renumber.setdefault(int(label), len(renumber)) for label in raw], dtype=torch.long)
 
 
-def membership_weights(labels: Tensor, sizes: Tensor) -> Tensor:
-    """Π [M, M], row i = the weights (∝ `sizes`) of the members of client i's cluster: row-stochastic;
-    symmetric when the sizes are equal. Row i is how client i's cluster-level model is mixed (the server
-    passes the members' raw sizes to `weighted_mean`, which normalises them into this row)."""
-    same = (labels[:, None] == labels[None, :]).double()
-    weights = same * sizes.double()[None, :]
-    return weights / weights.sum(dim=1, keepdim=True)
-
-
 def cluster_distributions(labels: Tensor, means: Tensor, variances: Tensor, counts: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Each client's cluster-level representative class-wise Gaussians: [M, C, d], [M, C, d], present [M, C].
 

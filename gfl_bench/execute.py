@@ -194,7 +194,6 @@ def execute(
             for spec, record in zip(job, run_job(job, env, events.round_done), strict=True):
                 store.put(record, replace=True)
                 events.finished(spec, record)
-                _test_pause(store)
     else:
         _execute_pool(jobs, store, env, workers, events)
 
@@ -217,16 +216,6 @@ def _execute_pool(jobs: list[list[RunSpec]], store: RunStore, env: Environment, 
             for worker in multiprocessing.active_children():
                 worker.terminate()
             raise
-
-
-PAUSE_ENV = "GFLBENCH_TEST_PAUSE_AFTER"  # tests only: hold the grid after this many stored runs
-
-
-def _test_pause(store: RunStore) -> None:
-    """Let a fault test deliver its signal mid-grid whatever the machine's speed (never set by users)."""
-    after = os.environ.get(PAUSE_ENV)
-    if after and len(store) >= int(after):
-        time.sleep(3600)
 
 
 def _die_with_parent() -> None:

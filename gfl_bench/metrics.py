@@ -5,8 +5,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-METRICS = ("accuracy", "roc_auc")
-
 
 def accuracy(logits: Tensor, y: Tensor) -> Tensor:
     """Fraction of nodes whose arg-max class is the label; NaN for an empty set."""

@@ -20,16 +20,6 @@ def paper_results() -> pd.DataFrame:
         return pd.read_csv(handle, dtype={"clients": str})
 
 
-def paper_cell(table: int, method: str, dataset: str, scheme: str, clients: int | str) -> tuple[float, float] | None:
-    """(mean, std) of one published cell, or None when the paper has no such cell."""
-    frame = paper_results()
-    row = frame[(frame["table"] == table) & (frame["method"] == method) & (frame["dataset"] == dataset)
-                & (frame["scheme"] == scheme) & (frame["clients"] == str(clients))]  # fmt: skip
-    if row.empty:
-        return None
-    return float(row["mean"].iloc[0]), float(row["std"].iloc[0])
-
-
 # Where the paper's cells come from (docs/protocol.md, "Where the paper's numbers come from"). Most
 # baseline cells are inherited from earlier papers, not re-run: a user comparing against one must run
 # that cell's source setup, which is what the `paper` protocol configures.

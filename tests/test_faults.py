@@ -28,7 +28,7 @@ SWEEP = ["sweep", "-m", "fedavg,local", "-d", "tiny", "--clients", "5", "--seeds
 
 
 def _start(args: list[str], tmp_path: Path, store: Path) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "GFLBENCH_TEST_PAUSE_AFTER"}
+    env = dict(os.environ)
     env["GFLBENCH_DATA"] = str(tmp_path / "data")
     return subprocess.Popen([sys.executable, "-c", CODE, *args, "--store", str(store), "--device", "cpu"],
                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -13,7 +13,7 @@ import torch
 from baselines.fedavg import FedAvg
 from baselines.fedssa import (
     FedSSA, FedSSAParams, class_gaussians, cluster_clients, cluster_distributions, energy_distances, energy_grams, gaussian_kl,
-    membership_weights, normalized_laplacian, semantic_alignment_loss, semantic_distances, spectral_energy,
+    normalized_laplacian, semantic_alignment_loss, semantic_distances, spectral_energy,
 )
 from gfl_bench.backbones import build_backbone
 from gfl_bench.errors import UserError
@@ -94,18 +94,6 @@ def test_cluster_clients_groups_near_clients_and_an_identical_client_with_its_tw
     nan = d.clone()
     nan[5, :] = nan[:, 5] = float("nan")  # a diverged client is put far from everyone, not a crash
     assert cluster_clients(nan, 2).tolist() == [0, 0, 0, 0, 0, 1]
-
-
-def test_membership_weights_are_row_stochastic_symmetric_and_tie_identical_clients():
-    labels = torch.tensor([0, 1, 0, 0, 1])
-    uniform = membership_weights(labels, torch.ones(5))
-    torch.testing.assert_close(uniform.sum(dim=1), torch.ones(5, dtype=uniform.dtype))
-    torch.testing.assert_close(uniform, uniform.T)  # equal sizes: Π_ij = 1/|cluster| both ways
-    assert uniform[0].tolist() == pytest.approx([1 / 3, 0, 1 / 3, 1 / 3, 0])
-    sized = membership_weights(labels, torch.tensor([1.0, 2.0, 3.0, 3.0, 6.0]))
-    torch.testing.assert_close(sized.sum(dim=1), torch.ones(5, dtype=sized.dtype))
-    assert sized[0, 2] == sized[0, 3] == sized[2, 3]  # clients 2 and 3 have the same size: tied
-    assert sized[1].tolist() == pytest.approx([0, 0.25, 0, 0, 0.75])
 
 
 def test_cluster_representatives_equal_the_pooled_class_gaussians():

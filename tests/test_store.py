@@ -58,14 +58,29 @@ def test_store_written_before_the_client_best_columns_gains_them(tmp_path):
     assert frame.loc["new", "test_client_best"] == 0.55
 
 
+# The child process, holding the grid once the store has `after` runs (0: never), so that a test's signal lands
+# mid-grid whatever the machine's speed: the store's `put` is wrapped here, in the test, not in the executor.
+CHILD = """
+import sys, time
+from gfl_bench.store import RunStore
+after, put = int(sys.argv.pop(1)), RunStore.put
+
+def put_then_hold(self, record, *args, **kwargs):
+    put(self, record, *args, **kwargs)
+    if after and len(self) >= after:
+        time.sleep(3600)
+
+RunStore.put = put_then_hold
+from cli import app
+sys.argv[0] = 'gflbench'
+app()
+"""
+
+
 def _gflbench(args: list[str], store: Path, tmp_path: Path, pause_after: int | None = None) -> subprocess.Popen:
     env = {**os.environ, "GFLBENCH_DATA": str(tmp_path / "data")}
-    env.pop("GFLBENCH_TEST_PAUSE_AFTER", None)
-    if pause_after is not None:
-        env["GFLBENCH_TEST_PAUSE_AFTER"] = str(pause_after)
-    code = "import sys; from cli import app; sys.argv[0] = 'gflbench'; app()"
     return subprocess.Popen(
-        [sys.executable, "-c", code, *args, "--store", str(store), "--device", "cpu"],
+        [sys.executable, "-c", CHILD, str(pause_after or 0), *args, "--store", str(store), "--device", "cpu"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         cwd=Path(__file__).resolve().parent.parent, preexec_fn=_interruptible,
     )  # fmt: skip

@@ -225,7 +225,7 @@ def _can_drop_root_override() -> bool:
 
 
 def _command(args: list[str], store: Path, tmp_path: Path, **kwargs) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in ("GFLBENCH_TEST_PAUSE_AFTER", "GFLBENCH_RESULTS")}
+    env = {k: v for k, v in os.environ.items() if k != "GFLBENCH_RESULTS"}
     env.update(GFLBENCH_DATA=str(tmp_path / "data"), GFLBENCH_LOCK_WAIT="2")
     return subprocess.Popen([sys.executable, "-c", CODE, *args, "--store", str(store)], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)  # fmt: skip
