@@ -170,6 +170,10 @@ PartitionOption = Annotated[
 SchemeAlphaOption = Annotated[
     Optional[float], typer.Option("--alpha", help="The dirichlet scheme's concentration (> 0; smaller: more label skew).")
 ]
+PartitionFileOption = Annotated[
+    Optional[Path],
+    typer.Option("--partition-file", help="A split manifest (`gflbench partitions --export`): run its split, not --partition's."),
+]
 ProtocolOption = Annotated[
     str,
     typer.Option(
@@ -275,6 +279,7 @@ def run(
     dataset: DatasetsOption,
     partition: PartitionOption = "metis",
     alpha: SchemeAlphaOption = None,
+    partition_file: PartitionFileOption = None,
     clients: Annotated[
         Optional[str], typer.Option(help="Client counts, comma-separated; default the paper's for the scheme.")
     ] = None,
@@ -314,7 +319,10 @@ def run(
     methods = split_list(method, "methods")
     datasets = split_list(dataset, "datasets")
     partition = scheme_label(partition, alpha)
-    counts = parse_ints(clients, "client counts") if clients else list(default_clients(partition))
+    if partition_file is not None:
+        partition, counts, data_seed = _partition_file(partition_file, datasets, clients, data_dir)
+    else:
+        counts = parse_ints(clients, "client counts") if clients else list(default_clients(partition))
     if seeds < 1:
         raise UserError(f"--seeds must be at least 1, got {seeds}")
     overrides = _selected_overrides(set_, methods, selection)
@@ -345,6 +353,7 @@ def sweep(
     dataset: Annotated[Optional[str], typer.Option("--datasets", "--dataset", "-d", help="Only these datasets.")] = None,
     partition: Annotated[str, typer.Option("--partition", "--scheme", help="Scheme of an explicit grid.")] = "metis",
     alpha: SchemeAlphaOption = None,
+    partition_file: PartitionFileOption = None,
     clients: Annotated[Optional[str], typer.Option(help="Client counts of an explicit grid.")] = None,
     seeds: Annotated[int, typer.Option(help="Run seeds 0..N-1.")] = 10,
     dry_run: Annotated[bool, typer.Option(help="List the missing runs and an estimate of their time; run nothing.")] = False,
@@ -374,7 +383,7 @@ def sweep(
     """Run every run a paper table (or an explicit grid) needs that the store lacks, and nothing else."""
     from gfl_bench.execute import Environment
     from gfl_bench.method import all_methods
-    from gfl_bench.partition import default_clients, scheme_label
+    from gfl_bench.partition import DEFAULT_DATA_SEED, default_clients, scheme_label
     from gfl_bench.sweep import SWEEP_TABLES, Grid, estimate
 
     check_protocol(protocol)
@@ -382,6 +391,8 @@ def sweep(
     registered = list(all_methods())
     if seeds < 1:
         raise UserError(f"--seeds must be at least 1, got {seeds}")
+    if table_ is not None and partition_file is not None:
+        raise UserError("--partition-file applies to an explicit grid (--method, --datasets), not to --table")
     if table_ is not None:
         # "all": every run the paper's tables and sensitivity figures need, each once
         chosen_tables = (*SWEEP_TABLES, "sensitivity") if table_ == "all" else (table_,)
@@ -393,7 +404,14 @@ def sweep(
         if method is None or dataset is None:
             raise UserError("give --table N, or an explicit grid with --method and --datasets")
         partition = scheme_label(partition, alpha)
-        counts = parse_ints(clients, "client counts") if clients else list(default_clients(partition))
+        if partition_file is not None:  # the grid runs at the protocol's data seed: refused unless the manifest's
+            partition, counts, manifest_seed = _partition_file(partition_file, split_list(dataset, "datasets"), clients,
+                                                               data_dir)  # fmt: skip
+            if manifest_seed != DEFAULT_DATA_SEED:
+                raise UserError(f"{partition_file} was made at data seed {manifest_seed}; sweep runs {DEFAULT_DATA_SEED}: "
+                                "use `gflbench run --partition-file`")  # fmt: skip
+        else:
+            counts = parse_ints(clients, "client counts") if clients else list(default_clients(partition))
         grid = Grid(tuple(split_list(method, "methods")), tuple(split_list(dataset, "datasets")),
                     tuple((partition, c) for c in counts))  # fmt: skip
         specs = _grid_specs_checked(grid, None, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned_dir,
@@ -432,6 +450,18 @@ def sweep(
                           f"if runs sharing the device do not slow each other down")  # fmt: skip
         return
     _run_grid(specs, store, env, workers, False, retry_failed, executor, address, gpus_per_run)
+
+
+def _partition_file(path: Path, datasets: list[str], clients: str | None, data_dir: Path | None) -> tuple[str, list[int], int]:
+    """Check a split manifest, copy it into the partition cache: its scheme label, [client count], data seed."""
+    from gfl_bench.manifest import register
+
+    if len(datasets) != 1:
+        raise UserError(f"--partition-file holds one dataset's split; give that dataset alone, not {', '.join(datasets)}")
+    label, count, data_seed = register(path, datasets[0], (data_dir or default_data_dir()) / "partitions")
+    if clients is not None and parse_ints(clients, "client counts") != [count]:
+        raise UserError(f"{path} has {count} clients; drop --clients or give {count}")
+    return label, [count], data_seed
 
 
 def _packed_workers(todo: list[RunSpec], device: str) -> int:
@@ -1294,6 +1324,9 @@ def partitions(
     ] = "metis",
     alpha: SchemeAlphaOption = None,
     clients: Annotated[int, typer.Option(help="Number of clients.")] = 10,
+    export: Annotated[
+        Optional[Path], typer.Option(help="Write the partition's split manifest (gzip JSON with its sha256) to this file.")
+    ] = None,
     data_seed: Annotated[
         Optional[int], typer.Option(help="Seed of the split and partition; default the protocol's fixed one.")
     ] = None,
@@ -1312,6 +1345,12 @@ def partitions(
     root = data_dir or default_data_dir()
     cache = DataCache(root, root / "partitions")
     data = cache.federated(dataset, scheme, clients, data_seed)
+    if export is not None:
+        from gfl_bench.manifest import manifest_of, write_manifest
+
+        manifest = manifest_of(data.partition, dataset, cache.graph(dataset))
+        write_manifest(manifest, export)
+        console.print(f"wrote {export} ({export.stat().st_size:,} bytes, sha256 {manifest['sha256']})", soft_wrap=True)
     t = Table("client", "nodes", "edges", "train", "val", "test", "labels (count per class)",
               title=f"{dataset} {scheme} {clients} clients, data seed {data_seed}, hash {data.partition.digest()}")  # fmt: skip
     for cid, g in enumerate(data.graphs):

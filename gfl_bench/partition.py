@@ -36,6 +36,7 @@ from gfl_bench.errors import UserError
 SCHEMES: dict[str, tuple[int, ...]] = {"metis": (5, 10, 20), "overlap": (10, 30, 50)}  # the paper's, its counts
 EXTRA_SCHEMES: dict[str, tuple[int, ...]] = {"louvain": (5, 10, 20), "dirichlet": (5, 10, 20)}  # default counts
 ALPHA_SCHEMES = ("dirichlet",)  # schemes whose label carries α
+FILE_PREFIX = "file-"  # a split manifest's label: file-<first 16 hex digits of its sha256> (gfl_bench/manifest.py)
 LOUVAIN_RESOLUTION = 1.0  # networkx's default and OpenFGL's (`--louvain_resolution 1`)
 LOUVAIN_DELTA = 20  # OpenFGL's `louvain_delta`: the slack (nodes) of the merge's client capacity
 DIRICHLET_MIN_NODES = 10  # a Dirichlet draw giving a client fewer nodes is redrawn (OpenFGL: `least_samples`)
@@ -76,6 +77,10 @@ def scheme_label(name: str, alpha: float | None = None) -> str:
     scheme without α or with α <= 0, and α given to a scheme that takes none.
     """
     base, _, given = name.partition("-")
+    if name.startswith(FILE_PREFIX) and alpha is None:
+        if len(given) == 16 and all(c in "0123456789abcdef" for c in given):
+            return name
+        raise UserError(f"{name!r} is not a split manifest's label (file-<16 hex digits>); pass --partition-file")
     if base not in SCHEMES and base not in EXTRA_SCHEMES:
         choices = ", ".join([*SCHEMES, *EXTRA_SCHEMES])
         raise UserError(f"unknown partition scheme {name!r}; choose from {choices} (dirichlet with --alpha)")
@@ -105,6 +110,8 @@ def scheme_alpha(label: str) -> float | None:
 def default_clients(label: str) -> tuple[int, ...]:
     """The client counts a scheme runs when `--clients` is not given: the paper's for its two."""
     base = label.partition("-")[0]
+    if label.startswith(FILE_PREFIX):
+        raise UserError(f"the clients of {label} are its manifest's: pass the file with --partition-file")
     return SCHEMES.get(base) or EXTRA_SCHEMES[base]
 
 
@@ -245,6 +252,8 @@ def make_partition(
     """Split the nodes, then partition them by `scheme` (a label) into `num_clients` clients."""
     check_clients(scheme, num_clients)
     check_data_seed(data_seed)
+    if scheme.startswith(FILE_PREFIX):
+        raise UserError(f"{scheme} is read from its split manifest, not made (cached_partition reads it)")
     n = graph.num_nodes
     split = split_nodes(n, fractions, data_seed)
     base = scheme.partition("-")[0]
@@ -313,6 +322,10 @@ def cached_partition(
     UserError naming it.
     """
     check_data_seed(data_seed)
+    if scheme.startswith(FILE_PREFIX):
+        from gfl_bench.manifest import manifest_partition  # it imports this module
+
+        return manifest_partition(graph, dataset, scheme, num_clients, cache_dir)
     if cache_dir is None:
         return make_partition(graph, scheme, num_clients, data_seed, fractions)
     fingerprint = graph_fingerprint(graph)
