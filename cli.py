@@ -1327,18 +1327,26 @@ def partitions(
     export: Annotated[
         Optional[Path], typer.Option(help="Write the partition's split manifest (gzip JSON with its sha256) to this file.")
     ] = None,
+    fmt: Annotated[
+        str, typer.Option("--format", "-f", help="terminal, or csv: the heterogeneity statistics per client and summarised.")
+    ] = "terminal",
     data_seed: Annotated[
         Optional[int], typer.Option(help="Seed of the split and partition; default the protocol's fixed one.")
     ] = None,
     data_dir: DataDirOption = None,
 ) -> None:
-    """Per-client nodes, edges, train/val/test counts and label distribution of one partition."""
+    """Per-client nodes, edges, split counts, labels and heterogeneity of one partition (docs/protocol.md)."""
     import torch
 
+    import pandas as pd
+
+    from gfl_bench import heterogeneity
     from gfl_bench.partition import DEFAULT_DATA_SEED, check_clients, scheme_label
     from gfl_bench.runner import DataCache
 
     data_seed = DEFAULT_DATA_SEED if data_seed is None else data_seed  # its value lives with the partitions
+    if fmt not in ("terminal", "csv"):
+        raise UserError(f"unknown format {fmt!r}; choose terminal or csv")
     dataset_spec(dataset)
     scheme = scheme_label(scheme, alpha)
     check_clients(scheme, clients)
@@ -1351,15 +1359,34 @@ def partitions(
         manifest = manifest_of(data.partition, dataset, cache.graph(dataset))
         write_manifest(manifest, export)
         console.print(f"wrote {export} ({export.stat().st_size:,} bytes, sha256 {manifest['sha256']})", soft_wrap=True)
-    t = Table("client", "nodes", "edges", "train", "val", "test", "labels (count per class)",
-              title=f"{dataset} {scheme} {clients} clients, data seed {data_seed}, hash {data.partition.digest()}")  # fmt: skip
+    graph = cache.graph(dataset)
+    stats = heterogeneity.client_statistics(graph, data.graphs)
+    summary = heterogeneity.summary(stats)
+    imbalance = heterogeneity.quantity_imbalance(stats)
+    if fmt == "csv":
+        rows = stats.assign(scope="client", client=range(len(stats)))
+        rows = pd.concat([rows, summary.assign(scope=summary.index, client="")], ignore_index=True)
+        rows["quantity_imbalance"] = [""] * len(stats) + [f"{imbalance:.6g}"] * len(summary)
+        sys.stdout.write(rows[["scope", "client", *heterogeneity.COLUMNS, "quantity_imbalance"]].to_csv(index=False))
+        return
+    t = Table("client", "nodes", "edges", "train", "val", "test", "labels (count per class)", "JS div.", "homophily",
+              "gap", "missing", title=f"{dataset} {scheme} {clients} clients, data seed {data_seed}, hash "
+              f"{data.partition.digest()}")  # fmt: skip
     for cid, g in enumerate(data.graphs):
         counts = torch.bincount(g.y, minlength=data.num_classes).tolist()
+        row = stats.iloc[cid]
         t.add_row(
             str(cid), str(g.num_nodes), str(g.num_edges // 2), str(int(g.train_mask.sum())),
             str(int(g.val_mask.sum())), str(int(g.test_mask.sum())), " ".join(map(str, counts)),
+            f"{row['js']:.3f}", f"{row['homophily']:.3f}", f"{row['homophily_gap']:+.3f}", f"{row['missing']:.3f}",
         )  # fmt: skip
     console.print(t)
+    for name, values in summary.iterrows():
+        console.print(f"{name}: nodes {values['nodes']:.1f}, edges {values['edges']:.1f}, training labels "
+                      f"{values['train_labels']:.1f}, JS divergence {values['js']:.3f}, homophily {values['homophily']:.3f} "
+                      f"(gap {values['homophily_gap']:+.3f}), missing neighbours {values['missing']:.3f}", soft_wrap=True)  # fmt: skip
+    console.print(f"quantity imbalance (CV of client sizes) {imbalance:.3f}; global edge homophily "
+                  f"{heterogeneity.edge_homophily(graph.edge_index, graph.y):.3f}", soft_wrap=True)  # fmt: skip
 
 
 @app.command()
