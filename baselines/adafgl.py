@@ -241,6 +241,9 @@ def refined_features(x: Tensor, adjacency: Tensor, q_unit: Tensor, alpha: float,
     """S = [X ‖ Â_opt X ‖ … ‖ Â_opt^K X], Â_opt = D^-1/2 (αA + (1-α)A_k + I) D^-1/2 (official `preprocess`, r = 0.5).
 
     adjacency: A, sparse [N, N] with unit entries and no self-loops; q_unit: unit rows of softmax(P).
+    The normalisation is written out here, not taken from graph_ops/PyG: the matrix it scales is never
+    formed (A_k is dense [N, N], applied block by block by `similar_product`), so its degrees are products
+    with a ones vector and the scaling wraps each product.
     """
     ones = torch.ones(x.shape[0], 1, dtype=x.dtype, device=x.device)
     degree = alpha * torch.sparse.mm(adjacency, ones) + (1 - alpha) * similar_product(q_unit, ones, above) + 1

@@ -74,7 +74,7 @@ from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
 from gfl_bench.backbones import Backbone
 from gfl_bench.dropout import dropout
 from gfl_bench.errors import UserError
-from gfl_bench.graph_ops import csr_tensor
+from gfl_bench.graph_ops import csr_tensor, symmetric_normalized
 from gfl_bench.method import (
     SHARED_SEARCH_SPACE, Message, Method, Round, Server, Setup, at_least, int_range, log_range, non_negative,
     positive, unit_interval,
@@ -206,11 +206,7 @@ def normalized_laplacian(edge_index: Tensor, num_nodes: int) -> Tensor:
     a.eliminate_zeros()
     a.data[:] = 1.0
     a = ((a + a.T) > 0).astype(np.float64)
-    degree = np.asarray(a.sum(axis=1)).ravel()
-    inv_sqrt = np.zeros_like(degree)
-    inv_sqrt[degree > 0] = degree[degree > 0] ** -0.5
-    scale = sp.diags(inv_sqrt)
-    return csr_tensor(sp.identity(num_nodes, format="csr") - scale @ a @ scale)
+    return csr_tensor(sp.identity(num_nodes, format="csr") - symmetric_normalized(a))
 
 
 def energy_grams(bases: Tensor, laplacian: Tensor, moments: int) -> Tensor:

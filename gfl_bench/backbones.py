@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch_geometric.data import Data
 from torch_geometric.nn import GCNConv, SAGEConv
+from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from gfl_bench.dropout import dropout
 from gfl_bench.errors import UserError
@@ -287,14 +288,13 @@ register_backbone("gamlp", GAMLP)
 
 def unifilter_adjacency(edge_index: Tensor, num_nodes: int, dtype: torch.dtype = torch.float64) -> Tensor:
     """UniFilter's propagation matrix Â = D^-1/2 A D^-1/2: A symmetrised, unit weights, no self-loops
-    (official `edgeindex_construct`); an isolated node's row and column are zero. Sparse CSR [N, N]."""
+    (official `edgeindex_construct`); an isolated node's row and column are zero. Sparse CSR [N, N].
+    The normalisation is PyG's `gcn_norm` without self-loops, as `gcn_adjacency`'s with them."""
     row, col = edge_index
     keep = row != col
     pairs = torch.cat([torch.stack([row[keep], col[keep]]), torch.stack([col[keep], row[keep]])], dim=1)
     pairs = torch.unique(pairs, dim=1)  # [2, E], both directions once
-    degree = torch.bincount(pairs[0], minlength=num_nodes).to(dtype)
-    inv_sqrt = torch.where(degree > 0, degree.clamp(min=1).pow(-0.5), torch.zeros_like(degree))
-    values = inv_sqrt[pairs[0]] * inv_sqrt[pairs[1]]
+    pairs, values = gcn_norm(pairs, None, num_nodes, add_self_loops=False, dtype=dtype)
     return torch.sparse_coo_tensor(pairs, values, (num_nodes, num_nodes)).coalesce().to_sparse_csr()
 
 
