@@ -257,8 +257,12 @@ def pseudo_labels(num_gen: int, num_classes: int, device: torch.device | None = 
 
 
 def node_weights(reliability: Tensor, labels: Tensor) -> Tensor:
-    """w[i, v] = ĉ[i, y_v] / n_{y_v}: a sum over nodes with w is Σ_c ĉ[i, c] × the class-c mean. [M, n]"""
-    counts = torch.bincount(labels, minlength=reliability.shape[1]).clamp(min=1).to(reliability)
+    """w[i, v] = ĉ[i, y_v] / n_{y_v}: a sum over nodes with w is Σ_c ĉ[i, c] × the class-c mean. [M, n]
+
+    The class counts are summed with `index_add_` into the C known bins: `torch.bincount` would read the
+    labels' maximum back from a GPU first, a host round trip every round."""
+    counts = torch.zeros(reliability.shape[1], dtype=labels.dtype, device=labels.device)
+    counts = counts.index_add_(0, labels, torch.ones_like(labels)).clamp(min=1).to(reliability)
     return reliability[:, labels] / counts[labels]
 
 
@@ -284,14 +288,16 @@ class PseudoGraphGenerator(nn.Module):
 def knn_edges(x: Tensor, k: int) -> Tensor:
     """Symmetrised cosine top-k graph on the rows of x (self counted among the k, as in the official
     `construct_graph`), self-loops removed, coalesced. The similarity is formed one row block at a
-    time and only the k indices per row are kept. [2, E], on x's device."""
+    time and only the k indices per row are kept. [2, E], on the host.
+
+    The neighbour indices [n, k] come to the host in one copy, and the edge list is finished there:
+    its length (self-loops removed, duplicates merged) depends on the data, which on a GPU would cost
+    a host round trip for each of the mask and the coalescing, and the pseudo graph's operator is built
+    on the host anyway (`graph_ops`, through scipy)."""
     unit = F.normalize(x.detach(), dim=1)
-    rows, cols = [], []
-    for start in range(0, unit.shape[0], 4096):
-        top = (unit[start : start + 4096] @ unit.T).topk(k, dim=1).indices  # [b, k]
-        rows.append(torch.arange(start, start + top.shape[0], device=x.device).repeat_interleave(k))
-        cols.append(top.reshape(-1))
-    row, col = torch.cat(rows), torch.cat(cols)
+    blocks = [(unit[start : start + 4096] @ unit.T).topk(k, dim=1).indices for start in range(0, unit.shape[0], 4096)]
+    top = torch.cat(blocks).cpu()  # [n, k]
+    row, col = torch.arange(top.shape[0]).repeat_interleave(k), top.reshape(-1)
     edges = torch.cat([torch.stack([row, col]), torch.stack([col, row])], dim=1)
     return coalesce(edges[:, edges[0] != edges[1]], num_nodes=x.shape[0])
 
@@ -338,7 +344,7 @@ class FedTADServer(FedAvgServer):
         self.generator_optimizer = torch.optim.Adam(self.generator.parameters(), params.gen_lr, weight_decay=decay, foreach=True)
         # The global model's Adam is kept across rounds: `average` copies into the same parameters.
         self.optimizer = torch.optim.Adam(self.model.parameters(), params.distill_lr, weight_decay=decay, foreach=True)
-        self.last: dict[str, float] = {}
+        self.last: dict[str, Tensor] = {}  # the round's last values, read from the device once (`diagnostics`)
 
     def new_teacher(self) -> Backbone:
         """A backbone to hold one client's uploaded weights: frozen, in eval mode."""
@@ -380,18 +386,19 @@ class FedTADServer(FedAvgServer):
 
     def pseudo_graph(self, x: Tensor) -> Data:
         """The kNN graph on X̃ with the backbone's operators; x keeps its gradient."""
-        graph = Data(edge_index=knn_edges(x, self.params.topk).cpu(), num_nodes=x.shape[0])
+        graph = Data(edge_index=knn_edges(x, self.params.topk), num_nodes=x.shape[0])
         backbone_class(self.params.backbone).prepare(graph, self.params)
         graph = graph.to(self.setup.device)
         graph.x = x
         return graph
 
-    def train_generator(self, z: Tensor, teachers: list[Backbone], weights: Tensor) -> float:
-        """`it_g` steps on L_G = λ1 L_sem − L_dis + λ2 M L_div; only the generator moves."""
+    def train_generator(self, z: Tensor, teachers: list[Backbone], weights: Tensor) -> Tensor:
+        """`it_g` steps on L_G = λ1 L_sem − L_dis + λ2 M L_div; only the generator moves. Returns the last
+        step's loss (0-dim, on the device: read at the round's end, not at every step)."""
         p = self.params
         self.generator.train()
         self.model.eval()
-        loss = torch.tensor(float("nan"))
+        loss = torch.full((), float("nan"), device=self.setup.device)
         for _ in range(p.it_g):
             x = self.generator(z, self.labels)  # [n, d]
             graph = self.pseudo_graph(x)
@@ -403,30 +410,31 @@ class FedTADServer(FedAvgServer):
             for param, grad in zip(parameters, torch.autograd.grad(loss, parameters)):
                 param.grad = grad
             self.generator_optimizer.step()
-        return float(loss.detach())
+        return loss.detach()
 
-    def train_global(self, z: Tensor, teachers: list[Backbone], weights: Tensor) -> tuple[float, float]:
+    def train_global(self, z: Tensor, teachers: list[Backbone], weights: Tensor) -> tuple[Tensor, Tensor]:
         """`it_d` Adam steps of the global model on the weighted L1 gap to the frozen client models.
 
         Returns the last step's gap and the mean row L1 norm of X̃ (the scale of the pseudo features,
-        to compare with the data's: 1 for row-normalised features)."""
+        to compare with the data's: 1 for row-normalised features), 0-dim on the device."""
         self.generator.eval()
         with torch.no_grad():
             x = self.generator(z, self.labels)
             graph = self.pseudo_graph(x)
             local = torch.stack([teacher(graph) for teacher in teachers])  # [M, n, C]
         self.model.train()
-        gap = torch.tensor(float("nan"))
+        gap = torch.full((), float("nan"), device=self.setup.device)
         for _ in range(self.params.it_d):
             self.optimizer.zero_grad(set_to_none=True)
             gap = weighted_l1_gap(self.model(graph), local, weights)
             gap.backward()
             self.optimizer.step()
-        return float(gap.detach()), float(x.abs().sum(dim=1).mean())
+        return gap.detach(), x.abs().sum(dim=1).mean()
 
     def diagnostics(self) -> dict[str, float]:
-        """The round's last generator loss, last weighted L1 gap and last pseudo-feature row L1 norm."""
-        return dict(self.last)
+        """The round's last generator loss, last weighted L1 gap and last pseudo-feature row L1 norm,
+        read from the device in one copy."""
+        return dict(zip(self.last, torch.stack(list(self.last.values())).tolist())) if self.last else {}
 
 
 class FedTAD(Method):

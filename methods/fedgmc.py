@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -145,8 +145,10 @@ def equiangular_deviation(anchors: Tensor) -> Tensor:
     unit = F.normalize(anchors, dim=1)
     num_classes = anchors.shape[0]
     cosines = unit @ unit.T
-    off_diagonal = ~torch.eye(num_classes, dtype=torch.bool, device=anchors.device)
-    return (cosines + 1.0 / (num_classes - 1))[off_diagonal].abs().max()
+    diagonal = torch.eye(num_classes, dtype=torch.bool, device=anchors.device)
+    # zeros on the diagonal leave the maximum of the non-negative off-diagonal values as it is, and
+    # unlike selecting the off-diagonal entries, need no count read back from a GPU
+    return (cosines + 1.0 / (num_classes - 1)).abs().masked_fill(diagonal, 0.0).max()
 
 
 # ----------------------------------------------------------------------------- semantic calibration
@@ -164,19 +166,26 @@ def procrustes(means: Tensor, anchors: Tensor, present: Tensor) -> tuple[Tensor,
     only. We return its thin factors (U_k, V_k) ∈ R^{d×k}, with R = U_k V_kᵀ + (isometry between the
     complements), from QR factors of Δ_S and P_S and a k×k SVD: the same optimum as a d×d SVD at a
     tenth of its cost (tests/test_fedgmc.py completes R and checks Lemmas A.5-A.6 on it).
+
+    Leading dimensions batch: [M, C, d] inputs solve M clients' problems in one call of each
+    factorisation (the batched path's `solve_together`: on a GPU one batched solver launch instead
+    of three per client and step); a single [C, d] problem runs the same operations as before.
     """
-    left_basis, left_r = torch.linalg.qr((anchors * present[:, None]).T)  # Δ_S = Qa Ra, [d, C], [C, C]
-    right_basis, right_r = torch.linalg.qr((means * present[:, None]).T)  # P_S = Qb Rb
-    u, _, vh = torch.linalg.svd(left_r @ right_r.T)  # Δ_S P_Sᵀ = Qa (Ra Rbᵀ) Qbᵀ
-    return left_basis @ u, right_basis @ vh.T
+    left_basis, left_r = torch.linalg.qr((anchors * present[..., None]).mT)  # Δ_S = Qa Ra, [d, C], [C, C]
+    right_basis, right_r = torch.linalg.qr((means * present[..., None]).mT)  # P_S = Qb Rb
+    u, _, vh = torch.linalg.svd(left_r @ right_r.mT)  # Δ_S P_Sᵀ = Qa (Ra Rbᵀ) Qbᵀ
+    return left_basis @ u, right_basis @ vh.mT
 
 
-def class_means(embeddings: Tensor, labels: Tensor, num_classes: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-class mean rows [C, d], the class counts [C] and which classes occur [C]."""
-    counts = torch.bincount(labels, minlength=num_classes)
-    sums = torch.zeros(num_classes, embeddings.shape[1], dtype=embeddings.dtype, device=embeddings.device)
+def class_means(embeddings: Tensor, labels: Tensor, counts: Tensor) -> Tensor:
+    """Per-class mean rows [C, d] given the class counts [C] (`torch.bincount(labels, minlength=C)`).
+
+    The counts are an argument because a client's labelled nodes never change: it counts them once
+    (a bincount reads the labels' maximum back from a GPU), so no local step waits for the host.
+    """
+    sums = torch.zeros(len(counts), embeddings.shape[1], dtype=embeddings.dtype, device=embeddings.device)
     sums.index_add_(0, labels, embeddings)
-    return sums / counts.clamp(min=1)[:, None], counts, counts > 0
+    return sums / counts.clamp(min=1)[:, None]
 
 
 # ----------------------------------------------------------------------------- structural calibration
@@ -229,7 +238,8 @@ def sinkhorn_assignment(costs: Tensor, reg: float, relative: bool = True, margin
     calibration cannot leave (docs/fedgmc.md, item 9).
 
     The plan is solved in NumPy: on a B×Q matrix POT's NumPy backend is twice as fast as its torch one
-    on a CPU, and on a GPU the copy is one transfer per client and round (F is solved once per round).
+    on a CPU, and on a GPU the copy is one transfer per client and round (F is solved once per round);
+    the batched path copies every client's costs in one transfer (`sinkhorn_assignments`).
     """
     import ot  # here, not at module level: POT loads scikit-learn, 90 MB of RSS that runs of other methods need not pay
 
@@ -258,7 +268,8 @@ def sinkhorn_assignments(costs: Tensor, reg: float, relative: bool = True) -> Te
     import ot
 
     rows = costs.shape[1]
-    matrices = np.stack([_sinkhorn_costs(c, relative) for c in costs.unbind(0)])
+    host = costs.detach().double().cpu().numpy()  # one transfer for the R problems
+    matrices = np.stack([_standardised(m) if relative else m for m in host])
     plans = ot.solve_batch(matrices, reg=reg, tol=1e-6, method="sinkhorn", grad="detach").plan * rows
     return torch.from_numpy(np.asarray(plans)).to(device=costs.device, dtype=costs.dtype)
 
@@ -266,7 +277,12 @@ def sinkhorn_assignments(costs: Tensor, reg: float, relative: bool = True) -> Te
 def _sinkhorn_costs(costs: Tensor, relative: bool) -> np.ndarray:
     """The cost matrix as Sinkhorn sees it: float64 NumPy, standardised when `relative`."""
     matrix = costs.detach().double().cpu().numpy()
-    return (matrix - matrix.mean()) / (matrix.std() + 1e-12) if relative else matrix
+    return _standardised(matrix) if relative else matrix
+
+
+def _standardised(matrix: np.ndarray) -> np.ndarray:
+    """One cost matrix with zero mean and unit spread (`sinkhorn_assignment`'s `relative`)."""
+    return (matrix - matrix.mean()) / (matrix.std() + 1e-12)
 
 
 # ----------------------------------------------------------------------------- server refinement
@@ -351,6 +367,9 @@ class FedGMCClient(TrainingClient):
     def __init__(self, cid: int, graph: Data, model: H2GCN, params: FedGMCParams, setup: Setup) -> None:
         super().__init__(cid, graph, model, params, setup)
         self.train_labels = graph.y[self.train_index]
+        # The labelled nodes never change: their class counts are read once, not at every step.
+        self.class_counts = torch.bincount(self.train_labels, minlength=setup.num_classes)
+        self.present = self.class_counts > 0
         # Structural sampling draws from nodes with a neighbour: an isolated node has no 1-hop ring.
         self.candidates = (graph.hop1_adj.crow_indices().diff() > 0).nonzero().view(-1)
         self.num_candidates = int(self.candidates.numel())
@@ -359,8 +378,10 @@ class FedGMCClient(TrainingClient):
         self.generator = torch.Generator().manual_seed(int(seed))
         self.anchors = torch.empty(0)
         self.templates = torch.empty(0)
-        self.sample = torch.empty(0, dtype=torch.long)
+        self.order = torch.empty(0, dtype=torch.long)
+        self.sample: Tensor | None = None
         self.assignment: Tensor | None = None
+        self.rotation: tuple[Tensor, Tensor, Tensor] | None = None  # this step's (P_m, U_k, V_k), solved together
         self.state: dict[str, Tensor] = {}
 
     def receive(self, rnd: Round, message: Message) -> None:
@@ -368,13 +389,20 @@ class FedGMCClient(TrainingClient):
             load_model_state(self.model, message["weights"])
         self.anchors = message["anchors"]
         self.templates = message["templates"]
-        self.sample = self.sample_nodes()
+        self.order = self.draw_order()
+        self.sample = None  # placed on the device at first use (`sampled_nodes`), by the batched path for all clients at once
         self.assignment = None  # solved at the round's first step, kept for its later epochs
 
-    def sample_nodes(self) -> Tensor:
-        """B nodes without replacement; one draw per round from this client's own seeded generator."""
-        order = torch.randperm(self.num_candidates, generator=self.generator)[: self.params.B]
-        return self.candidates[order.to(self.candidates.device)]
+    def draw_order(self) -> Tensor:
+        """Positions of B candidates without replacement, on the host: one draw per round from this
+        client's own seeded generator (a CPU generator, so every device samples the same nodes)."""
+        return torch.randperm(self.num_candidates, generator=self.generator)[: self.params.B]
+
+    def sampled_nodes(self) -> Tensor:
+        """This round's B nodes on the graph's device; the copy of the drawn order is made once."""
+        if self.sample is None:
+            self.sample = self.candidates[self.order.to(self.candidates.device)]
+        return self.sample
 
     def loss(self) -> Tensor:
         """Eq. 74 on one forward pass (the batched path calls `objective` on its slice of a batched one)."""
@@ -409,8 +437,12 @@ class FedGMCClient(TrainingClient):
         """Eq. 3 over the client's labelled nodes, averaged (the paper's sum would scale with the
         client's label count and swamp the CE at weight 1); per-class parts are kept for γ."""
         num_classes = self.setup.num_classes
-        means, counts, present = class_means(ego.detach(), self.train_labels, num_classes)
-        left, right = procrustes(means, self.anchors, present)
+        if self.rotation is None:  # the per-client path; the batched one solved it in `solve_together`
+            means = class_means(ego.detach(), self.train_labels, self.class_counts)
+            left, right = procrustes(means, self.anchors, self.present)
+        else:
+            means, left, right = self.rotation
+            self.rotation = None  # this step's: the next step's embeddings differ
         pulled_back = self.anchors @ left @ right.T  # row c = R_mᵀ δ_c
         # ‖R_m h − δ_y‖² = ‖h‖² + ‖δ_y‖² − 2⟨h, R_mᵀ δ_y⟩, as R_m is orthogonal
         labels = self.train_labels
@@ -418,14 +450,14 @@ class FedGMCClient(TrainingClient):
         per_node = (ego**2).sum(1) + (self.anchors[labels] ** 2).sum(1) - 2 * cross
         class_loss = per_node.new_zeros(num_classes).index_add_(0, labels, per_node.detach())
         self.state["calibrated"] = means @ right @ left.T  # K_m: row c = R_m p_c
-        self.state["present"] = present
-        self.state["class_loss"] = class_loss / counts.clamp(min=1)
+        self.state["present"] = self.present
+        self.state["class_loss"] = class_loss / self.class_counts.clamp(min=1)
         return per_node.mean()
 
     def structural_loss(self, reps: H2GCNRepresentations) -> Tensor:
         """Eq. 7 for this client: (1/B) Σ_b Σ_q F_bq W(μ_b, ν_q), differentiable in the embeddings."""
         p = self.params
-        measures = radial_sequences(reps, self.sample, p.combine)
+        measures = radial_sequences(reps, self.sampled_nodes(), p.combine)
         costs = two_point_wasserstein(measures, self.templates)
         if len(costs) == 0:  # no node with a neighbour: nothing to calibrate
             self.assignment = costs.detach()
@@ -437,18 +469,39 @@ class FedGMCClient(TrainingClient):
 
     @classmethod
     def solve_together(cls, clients: Sequence[TrainingClient], representations: Sequence[Any]) -> None:
-        """The round's balanced Sinkhorn plans F_m of these clients in batched solves (`sinkhorn_assignments`),
-        one per sample size B, before their first local step; `structural_loss` then finds F_m solved.
-        The unbalanced solver has no batched form in POT: those clients solve their own."""
-        pending = [(c, reps) for c, reps in zip(clients, representations)
+        """What the batched path solves for these clients at once before each local step, so that no
+        client's objective makes its own solver calls or host round trips:
+
+        - this round's sampled nodes of every client, placed on the device in one copy;
+        - this step's Procrustes factors (`procrustes` on the stacked class means: one batched QR, QR
+          and SVD instead of three factorisations per client), which `semantic_loss` then uses;
+        - at the round's first step, the balanced Sinkhorn plans F_m (`sinkhorn_assignments`, one
+          batched solve and one transfer to the host per sample size B), which `structural_loss` then
+          finds solved. The unbalanced solver has no batched form in POT: those clients solve their own.
+        """
+        ours = list(zip(cast("Sequence[FedGMCClient]", clients), representations))
+        unplaced = [c for c, _ in ours if c.params.structural and c.sample is None]
+        if unplaced:
+            orders = torch.cat([c.order for c in unplaced]).to(unplaced[0].candidates.device)
+            for client, order in zip(unplaced, orders.split([len(c.order) for c in unplaced])):
+                client.sample = client.candidates[order]
+        semantic = [(c, reps) for c, reps in ours if c.params.semantic and c.num_train > 0]
+        if len(semantic) >= 2:
+            with torch.no_grad():
+                means = torch.stack([class_means(reps.ego[c.train_index], c.train_labels, c.class_counts) for c, reps in semantic])
+                anchors = torch.stack([c.anchors for c, _ in semantic])
+                lefts, rights = procrustes(means, anchors, torch.stack([c.present for c, _ in semantic]))
+            for (client, _), solved in zip(semantic, zip(means.unbind(0), lefts.unbind(0), rights.unbind(0))):
+                client.rotation = solved
+        pending = [(c, reps) for c, reps in ours
                    if c.params.structural and c.params.sinkhorn_marginal == 0 and c.assignment is None
-                   and c.sample.numel() > 0]  # fmt: skip
+                   and c.order.numel() > 0]  # fmt: skip
         if len(pending) < 2:
             return
         by_size: dict[int, list[tuple[FedGMCClient, Tensor]]] = {}
         with torch.no_grad():
             for client, reps in pending:
-                costs = two_point_wasserstein(radial_sequences(reps, client.sample, client.params.combine), client.templates)
+                costs = two_point_wasserstein(radial_sequences(reps, client.sampled_nodes(), client.params.combine), client.templates)
                 by_size.setdefault(len(costs), []).append((client, costs))
         for group in by_size.values():
             p = group[0][0].params
@@ -534,11 +587,11 @@ class FedGMCServer(Server):
 
     def diagnostics(self) -> dict[str, float]:
         """Per round: the anchors' distance from a simplex ETF and the clients' mean losses."""
-        losses = torch.stack([u["losses"] for u in self.uploads.values()]).nanmean(0).tolist()
+        losses = torch.stack([u["losses"] for u in self.uploads.values()]).nanmean(0)
         p = self.params
         names = ["ce_loss"] + ["semantic_loss"] * p.semantic + ["structural_loss"] * p.structural
-        deviation = float(equiangular_deviation(self.anchors))
-        return {"equiangular_deviation": deviation, **dict(zip(names, losses))}
+        values = torch.cat([equiangular_deviation(self.anchors)[None], losses]).tolist()  # one read from the device
+        return dict(zip(["equiangular_deviation", *names], values))
 
     def snapshot(self) -> dict[str, Any]:
         """The global manifolds after this round's refinement and the local manifolds that produced

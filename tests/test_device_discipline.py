@@ -18,7 +18,9 @@ both device tensors and host tensors of one or more dimensions is a violation (a
 is a scalar CUDA accepts; indexing and copies, which CUDA does across devices, are exempt);
 `.numpy()` / `np.asarray` of a device tensor is a violation (CUDA refuses it). `.item()`, `.tolist()`,
 `.cpu()` and `float()`/`int()`/`bool()` of a device tensor are host syncs: allowed, and counted per
-round for the budget test below.
+round for the budget test below; so are the syncs CUDA makes without a call that says so (ops whose
+output shape depends on device data, such as `bincount`, `nonzero` or indexing by a device mask, and
+copies to the device from pageable host memory).
 
 The fake device is sound in the direction that matters: every mix it reports is a mix CUDA would
 refuse (CUDA-only kernels aside); a tensor it cannot place is never reported.
@@ -55,6 +57,9 @@ FACTORIES = {
 }  # fmt: skip
 EXEMPT = {"__getitem__", "__setitem__", "copy_", "to", "cpu", "cuda", "index_put_", "index_put", "_has_compatible_shallow_copy_type"}
 SYNCS = {"item", "tolist", "__float__", "__int__", "__bool__", "__index__", "cpu"}
+# ops whose CUDA kernel reads a value back to the host before it can return (an output shape that
+# depends on the data, or a Python bool): a host sync without a call that says so
+READ_BACK = {"bincount", "nonzero", "argwhere", "unique", "unique_consecutive", "masked_select", "equal"}
 # ops that draw from the generator of the device they run on: on CUDA another stream than the CPU's
 DRAWS = {"rand", "randn", "randint", "randperm", "normal", "bernoulli", "rand_like", "randn_like", "randint_like",
          "multinomial", "normal_", "uniform_", "bernoulli_", "exponential_", "random_", "dropout"}
@@ -143,6 +148,10 @@ class DeviceDiscipline(TorchFunctionMode):
             self.violations[f"{name} of a device tensor (CUDA refuses it), at {_caller()}"] += 1
         if self_place == DEVICE and name in SYNCS:
             self.syncs[name] += 1
+        if any(p == DEVICE for p in places.values()) and self._reads_back(name, args, kwargs, places):
+            self.syncs[name] += 1
+        if name == "to" and self_place == HOST and args[0].dim() > 0 and self._target(name, args, kwargs, places, self_place) == DEVICE:
+            self.syncs["to(device)"] += 1  # from pageable host memory CUDA first waits for the device's stream
         if name not in EXEMPT:
             device = any(p == DEVICE for p in places.values())
             host = any(p == HOST and t.dim() > 0 for t, p in places.items())
@@ -162,6 +171,20 @@ class DeviceDiscipline(TorchFunctionMode):
             if target is not None:
                 self._mark(out, target)
         return result
+
+    def _reads_back(self, name: str, args: tuple, kwargs: dict, places: dict) -> bool:
+        """Whether CUDA reads a device value back to the host to run this op (see `READ_BACK`): those ops,
+        indexing by a device mask (its count of True entries), `torch.where(condition)`, and
+        `repeat_interleave` by device counts without `output_size`."""
+        if name in READ_BACK or (name == "where" and len(args) + len(kwargs) == 1):
+            return True
+        if name == "__getitem__":
+            index = tree_flatten(args[1:])[0]
+            return any(isinstance(t, torch.Tensor) and t.dtype == torch.bool and places.get(t) == DEVICE for t in index)
+        if name == "repeat_interleave":
+            repeats = args[1] if len(args) > 1 else kwargs.get("repeats")
+            return isinstance(repeats, torch.Tensor) and places.get(repeats) == DEVICE and kwargs.get("output_size") is None
+        return False
 
     def _target(self, name: str, args: tuple, kwargs: dict, places: dict, self_place: str | None) -> str | None:
         """Where the op's tensor outputs live."""
@@ -211,8 +234,18 @@ def test_the_mode_sees_what_cuda_refuses():
         _ = torch.zeros(4, device=x.device) + x.sum(1)
         _ = x * torch.tensor(2.0)  # a 0-dim host tensor is a scalar CUDA accepts
         assert not mode.violations, mode.violations
+        assert mode.syncs == Counter({"to(device)": 1})  # a copy from pageable host memory waits for the device
+        mode.syncs.clear()
         _ = x.sum().item(), x.tolist(), x.cpu()
         assert mode.syncs == Counter({"item": 1, "tolist": 1, "cpu": 1})
+        mode.syncs.clear()
+        labels = torch.tensor([0, 2, 2], device=x.device)
+        _ = torch.bincount(labels), x[x[:, 0] > 0], labels.nonzero(), labels.repeat_interleave(labels)
+        assert mode.syncs == Counter({"bincount": 1, "__getitem__": 1, "nonzero": 1, "repeat_interleave": 1})
+        mode.syncs.clear()
+        _ = torch.zeros(3, dtype=torch.long, device=x.device).index_add_(0, labels, torch.ones_like(labels))
+        _ = labels.repeat_interleave(labels, output_size=4), x[torch.tensor([True, False, True, False])]
+        assert not mode.syncs, mode.syncs  # counts into known bins, a known output size, a host mask
         _ = x.numpy()
         assert mode.violations
 
@@ -236,11 +269,12 @@ METHODS = sorted(all_methods())
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method_keeps_its_tensors_on_the_run_device_and_its_syncs_in_budget(tiny_federation, method):
     """No op mixes the run's device with the host; the second round (the first also holds the set-up)
-    makes no more host syncs than the method's budget (`SYNC_BUDGET`)."""
+    makes no more host syncs than the method's budget (`SYNC_BUDGET`, and `IMPLICIT_BUDGET` where stated)."""
     mode, per_round = _two_rounds(method, tiny_federation)
     assert not mode.violations, f"{method}: {dict(mode.violations)}"
     second = per_round[1] - per_round[0]
-    assert sum(second.values()) <= SYNC_BUDGET[method], f"{method}: {dict(second)}"
+    assert explicit(second) <= SYNC_BUDGET[method], f"{method}: {dict(second)}"
+    assert implicit(second) <= IMPLICIT_BUDGET.get(method, implicit(second)), f"{method}: {dict(second)}"
 
 
 BATCHABLE = [m for m in METHODS if all_methods()[m].batchable]
@@ -248,8 +282,13 @@ BATCHABLE = [m for m in METHODS if all_methods()[m].batchable]
 
 @pytest.mark.parametrize("method", BATCHABLE)
 def test_every_batchable_method_keeps_its_tensors_on_the_run_device_when_batched(tiny_federation, method):
-    mode, _ = _two_rounds(method, tiny_federation, batched=True)
+    """As above on the batched path, whose budgets are the per-client ones unless `BATCHED_BUDGET` says fewer."""
+    mode, per_round = _two_rounds(method, tiny_federation, batched=True)
     assert not mode.violations, f"{method} (batched): {dict(mode.violations)}"
+    second = per_round[1] - per_round[0]
+    explicit_budget, implicit_budget = BATCHED_BUDGET.get(method, (SYNC_BUDGET[method], IMPLICIT_BUDGET.get(method)))
+    assert explicit(second) <= explicit_budget, f"{method} (batched): {dict(second)}"
+    assert implicit(second) <= (implicit_budget or implicit(second)), f"{method} (batched): {dict(second)}"
 
 
 def test_the_device_tests_move_their_models(tiny_federation):
@@ -264,20 +303,45 @@ def test_the_device_tests_move_their_models(tiny_federation):
     assert not mode.violations, dict(mode.violations)
 
 
-# Host syncs (`.item()`, `.tolist()`, `.cpu()`, float/int/bool of a device tensor) in the second round of a
-# run on tiny METIS-5 (5 clients, 1 local epoch), per-client, as measured when this test was written (the
-# batched path makes the same counts): a ceiling, so a new sync in a round fails here. 1 is the runner's own
-# (every client's metrics in one `.tolist()`). Above it: FED-PUB and FedIIH 1 (a server scalar); FedGTA 2;
-# GCFL 4 (its split test); FedICI 4 `.cpu()` (subspaces for the server's SVDs); FedGMC 7 (5 `.cpu()` for
-# POT's exact plans on the host, its diagnostics); FedSSA 16 (the semantic alignment's `bool(used.any())`
-# per client and step, clustering on the host); FedTAD 35 (7 per client: class reliabilities, and the
-# distillation's scalars: issue 29, item 4); AdaFGL 2015 (its stage-2 epochs read losses and counts per
-# epoch and client). The last three are host round trips per client a GPU pays for.
+# Host syncs in the second round of a run on tiny METIS-5 (5 clients, 1 local epoch), as measured when each
+# budget was set: ceilings, so a new sync in a round fails here. Two kinds are counted (`explicit`, `implicit`):
+#
+# Explicit (`.item()`, `.tolist()`, `.cpu()`, float/int/bool of a device tensor), per-client. 1 is the runner's
+# own (every client's metrics in one `.tolist()`). Above it: FED-PUB and FedIIH 1 (a server scalar); FedGTA 2;
+# GCFL 4 (its split test); FedICI 4 `.cpu()` (subspaces for the server's SVDs); FedGMC 6 (5 `.cpu()`, one per
+# client, for POT's Sinkhorn on the host; its diagnostics in one `.tolist()`); FedTAD 11 (10 `.cpu()`: each
+# pseudo graph's kNN indices go to the host, where its operator is built; the diagnostics in one `.tolist()`);
+# FedSSA 16 (the semantic alignment's `bool(used.any())` per client and step, clustering on the host); AdaFGL
+# 2015 (its stage-2 epochs read losses and counts per epoch and client). docs/gpu.md says why each remains.
 SYNC_BUDGET = {
     "local": 1, "fedavg": 1, "fedprox": 1, "fedper": 1, "fedgnn": 1, "fedsage+": 1, "fedpub": 2, "fediih": 2,
-    "fedgta": 3, "gcfl": 5, "fedici": 5, "fedssa": 17, "fedgmc": 8, "fedgmc-wo-refinement": 8,
-    "fedgmc-wo-semantic": 8, "fedgmc-wo-structural": 3, "fedtad": 36, "adafgl": 2016,
+    "fedgta": 3, "gcfl": 5, "fedici": 5, "fedssa": 17, "fedgmc": 7, "fedgmc-wo-refinement": 7,
+    "fedgmc-wo-semantic": 7, "fedgmc-wo-structural": 2, "fedtad": 12, "adafgl": 2016,
 }  # fmt: skip
+# Implicit (ops CUDA runs only after reading a value back, `READ_BACK` and `_reads_back`, and copies from
+# pageable host memory, `to(device)`), per-client, budgeted for the methods issue 29's item 4 made free of
+# per-client round trips; `python tests/test_device_discipline.py` prints every method's. Common to all:
+# the per-client evaluation's split masks (4 per client: 20) and the server's weight copies. FedGMC: its
+# clients' sampled node orders (5 copies), the template refinement's convergence test (`torch.equal`, once
+# per iteration: 7 here, 9 without the semantic term); FedTAD: per server epoch the noise and two pseudo
+# graphs' operators to the device (25).
+IMPLICIT_BUDGET = {"fedgmc": 33, "fedgmc-wo-refinement": 26, "fedgmc-wo-semantic": 35, "fedgmc-wo-structural": 21, "fedtad": 51}
+# The batched path, where it makes fewer (explicit, implicit): FedGMC's clients' Sinkhorn costs go to the
+# host in one copy, their sampled node orders to the device in one, and the evaluation needs no masks.
+BATCHED_BUDGET = {
+    "fedgmc": (3, 9), "fedgmc-wo-refinement": (3, 2), "fedgmc-wo-semantic": (3, 11), "fedgmc-wo-structural": (2, 1),
+    "fedtad": (12, 31),
+}  # fmt: skip
+
+
+def explicit(syncs: Counter) -> int:
+    """The syncs a call asks for (`SYNCS`)."""
+    return sum(count for name, count in syncs.items() if name in SYNCS)
+
+
+def implicit(syncs: Counter) -> int:
+    """The syncs an op makes on CUDA without saying so (`READ_BACK`, masks, copies to the device)."""
+    return sum(count for name, count in syncs.items() if name not in SYNCS)
 
 
 def test_every_method_has_a_sync_budget():
@@ -293,5 +357,5 @@ if __name__ == "__main__":  # every method's host syncs per round, per-client an
             found, rounds = _two_rounds(name, federation, batched)
             second = rounds[1] - rounds[0]
             print(f"{name:22} {'batched' if batched else 'per-client':10} round 0: {sum(rounds[0].values()):4}  "
-                  f"round 1: {sum(second.values()):4} {dict(second)}  violations: {dict(found.violations) or 'none'}  "
+                  f"round 1: explicit {explicit(second):4} implicit {implicit(second):4} {dict(second)}  violations: {dict(found.violations) or 'none'}  "
                   f"device draws: {sorted(found.draws)}")

@@ -107,6 +107,16 @@ def test_procrustes_ignores_absent_classes() -> None:
     assert torch.allclose(left @ right.T, left2 @ right2.T, atol=1e-10)
 
 
+def test_procrustes_batches_over_clients() -> None:
+    """Stacked problems (the batched path's `solve_together`) give each problem's own rotation."""
+    cases = [procrustes_case(absent=absent) for absent in [(), (1, 3), (0,)]]
+    cases[1] = (cases[1][0], cases[1][1] * 3 + 1, cases[1][2])  # not the same means in every problem
+    lefts, rights = procrustes(*(torch.stack([case[i] for case in cases]) for i in (1, 0, 2)))
+    for (anchors, means, present), left, right in zip(cases, lefts, rights):
+        alone_left, alone_right = procrustes(means, anchors, present)
+        assert torch.allclose(left @ right.T, alone_left @ alone_right.T, atol=1e-10)
+
+
 def test_procrustes_preserves_pairwise_distances_lemma_a6() -> None:
     anchors, means, present = procrustes_case()
     rotation = complete(*procrustes(means, anchors, present))
@@ -120,12 +130,14 @@ def test_semantic_loss_is_eq3_with_the_orthogonal_r() -> None:
     anchors = simplex_etf(d, c, generator(1)).double()
     ego = torch.rand(30, d, generator=generator(2), dtype=torch.float64)
     labels = torch.arange(30) % 3  # class 3 absent
-    means, _, present = class_means(ego, labels, c)
+    counts = torch.bincount(labels, minlength=c)
+    means, present = class_means(ego, labels, counts), counts > 0
     rotation = complete(*procrustes(means, anchors, present))
     expected = ((ego @ rotation.T - anchors[labels]) ** 2).sum(1).mean()
     client = object.__new__(FedGMCClient)
     client.setup = dataclasses.replace(tiny_setup(), num_classes=c)
     client.train_labels, client.anchors, client.state = labels, anchors, {}
+    client.class_counts, client.present, client.rotation = counts, present, None
     assert torch.allclose(client.semantic_loss(ego), expected, atol=1e-10)
     assert torch.allclose(client.state["calibrated"][present], means[present] @ rotation.T, atol=1e-10)
 
@@ -363,7 +375,7 @@ def loss_terms(method: str) -> tuple[torch.Tensor, torch.Tensor]:
     client.model.load_state_dict(server.model.state_dict())
     message = server.configure(Round(0), [0])[0]
     client.anchors, client.templates = message["anchors"], message["templates"]
-    client.sample, client.assignment = client.sample_nodes(), None
+    client.order, client.sample, client.assignment = client.draw_order(), None, None
     client.model.eval()  # no dropout: the CE term is the same in every variant
     total = client.loss()
     return client.state["losses"], total.detach()
@@ -373,11 +385,11 @@ def test_node_sampling_has_its_own_seeded_generator() -> None:
     """The B nodes depend on (run seed, client id) only, not on the global RNG that dropout draws from."""
     _, clients = tiny_federation("fedgmc")
     torch.manual_seed(1)
-    first = clients[0].sample_nodes()
+    first = clients[0].draw_order()
     _, again = tiny_federation("fedgmc")
     torch.manual_seed(2)
-    assert torch.equal(again[0].sample_nodes(), first)
-    assert not torch.equal(again[0].sample_nodes(), first)  # the next round draws anew
+    assert torch.equal(again[0].draw_order(), first)
+    assert not torch.equal(again[0].draw_order(), first)  # the next round draws anew
     assert len(first) == min(FedGMCParams().B, clients[0].num_candidates)
 
 
@@ -461,7 +473,7 @@ def test_each_calibration_loss_sends_gradient_into_the_ego_weights(tiny_federati
     client = clients[0]
     message = server.configure(Round(0), [0])[0]
     client.anchors, client.templates = message["anchors"], message["templates"]
-    client.sample = client.sample_nodes()
+    client.order, client.sample = client.draw_order(), None
     client.model.train()
     reps = client.model.representations(client.graph)
     loss = client.semantic_loss(reps.ego[client.train_index]) if term == "semantic" else client.structural_loss(reps)
