@@ -383,7 +383,7 @@ def sweep(
     """Run every run a paper table (or an explicit grid) needs that the store lacks, and nothing else."""
     from gfl_bench.execute import Environment
     from gfl_bench.method import all_methods
-    from gfl_bench.partition import DEFAULT_DATA_SEED, default_clients, scheme_label
+    from gfl_bench.partition import default_clients, scheme_label
     from gfl_bench.sweep import SWEEP_TABLES, Grid, estimate
 
     check_protocol(protocol)
@@ -405,11 +405,8 @@ def sweep(
             raise UserError("give --table N, or an explicit grid with --method and --datasets")
         partition = scheme_label(partition, alpha)
         if partition_file is not None:  # the grid runs at the protocol's data seed: refused unless the manifest's
-            partition, counts, manifest_seed = _partition_file(partition_file, split_list(dataset, "datasets"), clients,
-                                                               data_dir)  # fmt: skip
-            if manifest_seed != DEFAULT_DATA_SEED:
-                raise UserError(f"{partition_file} was made at data seed {manifest_seed}; sweep runs {DEFAULT_DATA_SEED}: "
-                                "use `gflbench run --partition-file`")  # fmt: skip
+            partition, counts = _partition_file_at_default_seed(partition_file, split_list(dataset, "datasets"), clients,
+                                                                data_dir)  # fmt: skip
         else:
             counts = parse_ints(clients, "client counts") if clients else list(default_clients(partition))
         grid = Grid(tuple(split_list(method, "methods")), tuple(split_list(dataset, "datasets")),
@@ -462,6 +459,18 @@ def _partition_file(path: Path, datasets: list[str], clients: str | None, data_d
     if clients is not None and parse_ints(clients, "client counts") != [count]:
         raise UserError(f"{path} has {count} clients; drop --clients or give {count}")
     return label, [count], data_seed
+
+
+def _partition_file_at_default_seed(path: Path, datasets: list[str], clients: str | None,
+                                    data_dir: Path | None) -> tuple[str, list[int]]:
+    """`_partition_file` for sweep, tune and table, which run (or look up) the protocol's data seed only."""
+    from gfl_bench.partition import DEFAULT_DATA_SEED
+
+    label, counts, data_seed = _partition_file(path, datasets, clients, data_dir)
+    if data_seed != DEFAULT_DATA_SEED:
+        raise UserError(f"{path} was made at data seed {data_seed}; this command uses {DEFAULT_DATA_SEED}: "
+                        "use `gflbench run --partition-file` (and its --data-seed)")  # fmt: skip
+    return label, counts
 
 
 def _packed_workers(todo: list[RunSpec], device: str) -> int:
@@ -767,6 +776,7 @@ def table(
     partition: Annotated[
         str, typer.Option("--partition", "--scheme", help="Scheme of a custom table (a Dirichlet one as dirichlet-0.5).")
     ] = "metis",
+    partition_file: PartitionFileOption = None,
     seeds: Annotated[int, typer.Option(help="Seeds a full cell has; cells with another count are marked (n=k).")] = 10,
     selection: SelectionOption = "global",
     value: Annotated[
@@ -801,8 +811,13 @@ def table(
     chosen_datasets = split_list(dataset, "datasets") if dataset else None
     for d in chosen_datasets or []:
         dataset_spec(d)
+    file_clients = None  # a manifest's client count: the custom table's only column per dataset
     if number is None and chosen_datasets:
         partition = scheme_label(partition)
+        if partition_file is not None:
+            partition, file_clients = _partition_file_at_default_seed(partition_file, chosen_datasets, None, data_dir)
+    elif partition_file is not None:
+        raise UserError("--partition-file applies to a custom table (--dataset without a table number)")
     registered = all_methods()
     frame = _stored_runs(store) if numbers != [3] else None
     methods = _chosen_methods(method, frame, registered) if frame is not None else []
@@ -814,7 +829,7 @@ def table(
     rendered = []
     for n in numbers if not (number is None and chosen_datasets) else [0]:
         if n == 0:
-            blocks, caption = tables.results_table(0, sel, rows, titles, chosen_datasets, partition, paired), f"{', '.join(chosen_datasets)}, {partition} partitioning"
+            blocks, caption = tables.results_table(0, sel, rows, titles, chosen_datasets, partition, paired, file_clients), f"{', '.join(chosen_datasets)}, {partition} partitioning"
         elif n == 3:
             blocks, caption = tables.dataset_table(data_dir or default_data_dir()), tables.CAPTIONS[3]
         elif n == 6:
@@ -1045,6 +1060,7 @@ def tune(
     dataset: DatasetsOption,
     partition: PartitionOption = "metis",
     alpha: SchemeAlphaOption = None,
+    partition_file: PartitionFileOption = None,
     clients: Annotated[str, typer.Option(help="Client counts, comma-separated.")] = "10",
     trials: Annotated[int, typer.Option(help="Trials per method and setting: the same budget for every method.")] = 16,
     tuning_seeds: Annotated[int, typer.Option(help="Seeds per trial (1000, 1001, ...; never a reporting seed).")] = 1,
@@ -1069,7 +1085,10 @@ def tune(
     methods = split_list(method, "methods")
     datasets = split_list(dataset, "datasets")
     partition = scheme_label(partition, alpha)
-    counts = parse_ints(clients, "client counts")
+    if partition_file is not None:
+        partition, counts = _partition_file_at_default_seed(partition_file, datasets, None, data_dir)
+    else:
+        counts = parse_ints(clients, "client counts")
     budget = Budget(trials, tuning_seeds, prune, rounds, local_epochs)
     settings = [(d, m) for d in datasets for m in counts]
     for d, m in settings:

@@ -216,15 +216,17 @@ def result_cells(number: int, datasets: Sequence[str] | None = None, scheme: str
 
 def results_table(number: int, sel: Selection, methods: Sequence[str], titles: Mapping[str, str],
                   datasets: Sequence[str] | None = None, scheme: str | None = None,
-                  test: PairedTest = PairedTest()) -> list[Block]:  # fmt: skip
+                  test: PairedTest = PairedTest(), clients: Sequence[int] | None = None) -> list[Block]:  # fmt: skip
     """Tables 1, 2, 4, 5 (or a custom one: number 0 with datasets and scheme): methods × datasets × clients.
+
+    `clients`: a custom table's client counts where the scheme has no default (a split manifest's).
 
     Each dataset column is tested against its best mean (`significance.compare_to_best`); an entry
     with too few paired seeds says `n<k`. The Avg. columns are not tested.
     """
     datasets, scheme = result_cells(number, datasets, scheme)
     per_clients_avg = number in (2, 5)
-    clients = default_clients(scheme)  # the paper's counts for its schemes (= CLIENTS), 5/10/20 for the others
+    clients = clients or default_clients(scheme)  # the paper's counts for its schemes (= CLIENTS), 5/10/20 for the others
     cells = {(m, d, c): sel.cell(m, d, scheme, c) for m in methods for d in datasets for c in clients}
     tested = {(d, c): compare_to_best({m: v for m in methods if (v := sel.seed_values(m, d, scheme, c)) is not None}, test)
               for d in datasets for c in clients}  # fmt: skip

@@ -106,3 +106,24 @@ def test_a_manifest_is_for_one_dataset_and_its_client_count(env):
     not_gzip.write_text("{}")
     result = runner.invoke(app, ["run", "-m", "fedavg", "-d", "tiny", "--partition-file", str(not_gzip)])
     assert result.exit_code == 2 and "not a gzip-compressed JSON split manifest" in result.stderr
+
+
+def test_a_manifest_table_and_its_refusals(env):
+    runner = CliRunner()
+    path = env / "split.json.gz"
+    assert runner.invoke(app, ["partitions", "-d", "tiny", "--clients", "5", "--export", str(path)]).exit_code == 0
+    assert runner.invoke(app, ["run", "-m", "fedavg", "-d", "tiny", "--seeds", "1", "--rounds", "2",
+                               "--partition-file", str(path)]).exit_code == 0  # fmt: skip
+    table = runner.invoke(app, ["table", "-d", "tiny", "--partition-file", str(path), "--rounds", "2", "--seeds", "1",
+                                "-f", "markdown"])  # fmt: skip
+    label = "file-" + read_manifest(path)["sha256"][:16]
+    assert table.exit_code == 0, table.output
+    assert f"tiny, {label} partitioning" in table.stdout and "5 Clients" in table.stdout and "±" in table.stdout
+    numbered = runner.invoke(app, ["table", "1", "--partition-file", str(path)])
+    assert numbered.exit_code == 2 and "custom table" in numbered.stderr
+    other_seed = env / "seed7.json.gz"
+    assert runner.invoke(app, ["partitions", "-d", "tiny", "--clients", "5", "--data-seed", "7", "--export",
+                               str(other_seed)]).exit_code == 0  # fmt: skip
+    for command in (["sweep", "-m", "fedavg", "-d", "tiny"], ["tune", "-m", "fedavg", "-d", "tiny"]):
+        refused = runner.invoke(app, [*command, "--partition-file", str(other_seed)])
+        assert refused.exit_code == 2 and "made at data seed 7" in refused.stderr, refused.output
