@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -35,6 +34,7 @@ from gfl_bench.metrics import defined_on, metric_fn
 from gfl_bench.partition import Partition, cached_partition, client_graphs
 from gfl_bench.provenance import provenance
 from gfl_bench.randomness import RunRandomness, SharedRandomness, nondeterministic_kernels, seed_everything
+from gfl_bench.records import best_round, per_client_best
 from gfl_bench.spec import RunSpec
 from gfl_bench.store import finite
 
@@ -438,35 +438,6 @@ def excluded_clients(client_curve: list[list[float]]) -> int:
     """How many clients a split's client mean leaves out: those whose value is undefined (NaN) there.
     They are the same clients in every round, as a client's nodes and labels do not change."""
     return int(np.isnan(np.array(client_curve, dtype=float)).any(axis=0).sum())
-
-
-def best_round(val_curve: list[float]) -> int:
-    """The first round with the highest client-mean validation value (NaN rounds never win)."""
-    values = np.array(val_curve, dtype=float)
-    return 0 if np.isnan(values).all() else int(np.nanargmax(values))
-
-
-def per_client_best(val: list[list[float]], test: list[list[float]]) -> tuple[float, float]:
-    """Client-mean validation and test values when each client keeps its own best-validation round.
-
-    The alternative selection rule of FedICI's released code (docs/protocol.md, "Selection rules"):
-    client c contributes test[r_c][c] at r_c = its first round with the highest validation value.
-    Clients whose validation value is undefined in every round, or whose test value is undefined at
-    r_c, are left out of the mean, as in the per-round client mean.
-    """
-    val_matrix, test_matrix = np.array(val, dtype=float), np.array(test, dtype=float)
-    chosen_val, chosen_test = [], []
-    for column in range(val_matrix.shape[1]):
-        if np.isnan(val_matrix[:, column]).all():
-            continue
-        best = int(np.nanargmax(val_matrix[:, column]))
-        chosen_val.append(val_matrix[best, column])
-        chosen_test.append(test_matrix[best, column])
-    finite_val, finite_test = np.array(chosen_val), np.array(chosen_test)
-    finite_test = finite_test[~np.isnan(finite_test)]
-    mean_val = float(finite_val.mean()) if finite_val.size else math.nan
-    mean_test = float(finite_test.mean()) if finite_test.size else math.nan
-    return mean_val, mean_test
 
 
 @contextlib.contextmanager

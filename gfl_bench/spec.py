@@ -11,8 +11,6 @@ changes numbers, and old records stop matching instead of being mixed in silentl
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +22,7 @@ from gfl_bench.errors import UserError
 from gfl_bench.method import MethodParams, method_class, resolve_params
 from gfl_bench.partition import DEFAULT_DATA_SEED, check_clients, check_data_seed
 from gfl_bench.protocol import DEFAULT_PROTOCOL, protocol_schedule, protocol_values, tuned_source
+from gfl_bench.records import config_key_of, run_key_of
 
 HARNESS_VERSION = 2  # 2: protocols (paper defaults: GCN baselines, plain mean, FED-PUB code regularisers)
 
@@ -65,16 +64,6 @@ class RunSpec:
         return run_key_of(self.config_key, self.dataset, self.scheme, self.clients, self.seed)
 
 
-def config_key_of(config: Mapping[str, Any]) -> str:
-    """The key of a resolved configuration (`RunSpec.config`); `gflbench import` recomputes it from a record."""
-    return _digest(config)
-
-
-def run_key_of(config_key: str, dataset: str, scheme: str, clients: int, seed: int) -> str:
-    """The key of one run of a configuration; `gflbench import` recomputes it from a record."""
-    return _digest({"config": config_key, "dataset": dataset, "scheme": scheme, "clients": clients, "seed": seed})
-
-
 def keyed_params(params: MethodParams) -> dict[str, Any]:
     """The hyperparameters that enter the key: all, except a field of `added_after_runs` at the value
     the runs stored before it existed had (they are the same experiment)."""
@@ -82,11 +71,6 @@ def keyed_params(params: MethodParams) -> dict[str, Any]:
     return {
         name: value for name, value in dataclasses.asdict(params).items() if name not in added or value != added[name]
     }
-
-
-def _digest(payload: Mapping[str, Any]) -> str:
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
 def make_spec(

@@ -497,8 +497,7 @@ def _refuse_constant(token: str) -> None:
 def check_record(record: object) -> str | None:
     """What is wrong with a record about to be imported, or None: required fields missing, keys that do
     not follow from its configuration and seed, or values that are not its curves' at its best round."""
-    from gfl_bench.runner import best_round, per_client_best
-    from gfl_bench.spec import config_key_of, run_key_of
+    from gfl_bench.records import best_round, config_key_of, per_client_best, run_key_of
 
     if not isinstance(record, dict):
         return "not a run record (not a JSON object)"

@@ -1,4 +1,5 @@
-"""A command loads only what it needs: `gflbench --help` and the store readers do not import torch, PyG or pandas.
+"""A command loads only what it needs: `gflbench --help` and the store readers (import, failed, export) do not
+import torch, PyG or pandas.
 
 Importing torch and PyG costs seconds and hundreds of MB (docs/architecture.md, "Import cost"), so cli.py
 imports the engine inside the commands that train or load graphs. Each check runs in a fresh interpreter,
@@ -7,10 +8,10 @@ because this test session has long imported torch itself.
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -45,30 +46,34 @@ def _probe(commands: list[list[str]], then: str = "") -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+RECORDS = ROOT / "results" / "records" / "2026-12-03-paper-presets.jsonl.gz"  # committed runs: real records
+
+
 @pytest.fixture
-def store(tmp_path: Path) -> Path:
-    """A store with one finished run and one failed one (the records only: nothing here trains)."""
-    path = tmp_path / "runs.sqlite"
-    base = {"config_key": "c", "method": "fedavg", "dataset": "tiny", "scheme": "metis", "clients": 5,
-            "data_seed": 1234, "metric": "accuracy", "finished_at": time.time()}  # fmt: skip
-    with RunStore(path) as runs:
-        runs.put({**base, "run_key": "a", "seed": 0, "status": "ok", "best_round": 0, "val": 0.5, "test": 0.4,
-                  "val_weighted": 0.5, "test_weighted": 0.4, "seconds_per_round": [0.1, 0.2]})  # fmt: skip
-        runs.put({**base, "run_key": "b", "seed": 1, "status": "failed", "error": "boom"})
+def exported(tmp_path: Path) -> Path:
+    """Three committed run records, as `gflbench export` writes them."""
+    with gzip.open(RECORDS, "rt") as handle:
+        lines = [next(handle) for _ in range(3)]
+    path = tmp_path / "three.jsonl"
+    path.write_text("".join(lines))
     return path
 
 
-def test_help_and_store_readers_do_not_import_torch(store: Path, tmp_path: Path) -> None:
-    out = tmp_path / "runs.jsonl"
-    commands = [["--help"], ["run", "--help"], ["table", "--help"], ["failed", "--store", str(store)],
-                ["export", str(out), "--store", str(store)]]  # fmt: skip
+def test_help_and_store_readers_do_not_import_torch(exported: Path, tmp_path: Path) -> None:
+    store, out = tmp_path / "runs.sqlite", tmp_path / "again.jsonl"
+    commands = [["--help"], ["run", "--help"], ["table", "--help"], ["import", str(exported), "--store", str(store)],
+                ["failed", "--store", str(store)], ["export", str(out), "--store", str(store)]]  # fmt: skip
     result = _probe(commands)
     assert result["codes"] == [0] * len(commands)
     assert result["loaded"] == [], f"imported by --help or a store reader: {result['loaded']}"
-    assert len(out.read_text().splitlines()) == 2  # export did its work: both records written
+    with RunStore(store) as runs:  # each command did its work: import checked and stored, export wrote back
+        assert len(runs) == 3
+    assert [json.loads(line)["run_key"] for line in out.read_text().splitlines()] == [
+        json.loads(line)["run_key"] for line in exported.read_text().splitlines()
+    ]
 
 
-def test_the_probe_sees_torch_when_it_is_imported(store: Path) -> None:
+def test_the_probe_sees_torch_when_it_is_imported(tmp_path: Path) -> None:
     """The control: the same probe, with the engine imported after the commands, reports torch and PyG."""
-    result = _probe([["failed", "--store", str(store)]], then="gfl_bench.runner")
+    result = _probe([["failed", "--store", str(tmp_path / "runs.sqlite")]], then="gfl_bench.runner")
     assert result["codes"] == [0] and {"torch", "torch_geometric"} <= set(result["loaded"])
