@@ -64,7 +64,7 @@ from torch.nn import functional as F
 
 from gfl_bench.backbones import EGO_ACTIVATIONS, GCN, H2GCN, Backbone, GraphSAGE, H2GCNRepresentations, backbone_class
 from gfl_bench.dropout import dropout_mask
-from gfl_bench.graph_ops import ConstantSparse, row_normalized
+from gfl_bench.graph_ops import ConstantSparse, operator_product, row_normalized
 from gfl_bench.metrics import metric_of_clients
 from gfl_bench.randomness import RunRandomness, SharedRandomness
 from gfl_bench.training import TrainingClient
@@ -186,8 +186,9 @@ class BatchedTraining(ABC):
         """`operator` applied to every client's rows: [M, N, w] -> [M, N, w] (padding rows stay zero)."""
         adjacency = self.adjacency[operator]
         if isinstance(adjacency, list):
-            return torch.stack([F.pad(a @ h[m, : len(a)], (0, 0, 0, self.padded - len(a))) for m, a in enumerate(adjacency)])
-        return (adjacency @ h.reshape(-1, h.shape[-1])).view_as(h)
+            padded = [F.pad(operator_product(a, h[m, : len(a)]), (0, 0, 0, self.padded - len(a))) for m, a in enumerate(adjacency)]
+            return torch.stack(padded)
+        return operator_product(adjacency, h.reshape(-1, h.shape[-1])).view_as(h)
 
     def _dropout_masks(self) -> list[list[Tensor]]:
         """Per epoch, every dropout mask of every client, drawn in the per-client path's order."""

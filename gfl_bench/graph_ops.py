@@ -14,6 +14,7 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 from torch.nn import functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 from torch_geometric.utils import to_scipy_sparse_matrix
 
@@ -145,6 +146,50 @@ class _ConstantSparseProduct(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # noqa: ANN001
         return _bag_product(ctx.matrix.columns, grad.contiguous()), None
+
+
+def operator_product(matrix: Tensor, dense: Tensor) -> Tensor:
+    """`matrix @ dense` for a constant operator; a CSR operator's backward multiplies by a transpose made once.
+
+    torch's backward of a CSR product forms Aᵀ at every step (a CSC view converted back to CSR, which
+    sorts the non-zeros); here Aᵀ is made at the operator's first product and kept as long as the
+    operator (`_transpose`), and is the operator itself where it is symmetric (GCN's and H2GCN's on
+    undirected graphs; not GraphSAGE's row-normalised mean). The gradient is the same bit for bit: the
+    converted transpose and the kept one are the same CSR matrix (bench/csr_transpose.py checks it, and
+    times it). A dense operator is multiplied as is.
+    """
+    if matrix.layout != torch.sparse_csr:
+        return matrix @ dense
+    return _OperatorProduct.apply(dense, matrix, _transpose(matrix))
+
+
+_TRANSPOSES: WeakIdKeyDictionary = WeakIdKeyDictionary()  # operator -> its transpose, dropped with the operator
+_SYMMETRIC = torch.empty(0)  # kept for an operator that is its own transpose (holding the operator would keep it alive)
+
+
+def _transpose(matrix: Tensor) -> Tensor:
+    """Aᵀ of a constant CSR operator as CSR, made once per operator tensor (A itself when symmetric)."""
+    found = _TRANSPOSES.get(matrix)
+    if found is None:
+        transposed = matrix.detach().t().to_sparse_csr()
+        same = all(torch.equal(a, b) for a, b in zip(
+            (matrix.crow_indices(), matrix.col_indices(), matrix.values()),
+            (transposed.crow_indices(), transposed.col_indices(), transposed.values()),
+        ))  # fmt: skip
+        found = _SYMMETRIC if same else transposed
+        _TRANSPOSES[matrix] = found
+    return matrix if found is _SYMMETRIC else found
+
+
+class _OperatorProduct(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, dense: Tensor, matrix: Tensor, transposed: Tensor) -> Tensor:  # noqa: ANN001 - autograd's signature
+        ctx.transposed = transposed
+        return matrix @ dense
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # noqa: ANN001
+        return ctx.transposed @ grad, None, None
 
 
 class EdgeOperators:

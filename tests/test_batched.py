@@ -123,6 +123,34 @@ def test_constant_sparse_product_and_gradient_equal_the_dense_ones():
     torch.testing.assert_close(weight.grad, reference.grad)
 
 
+def test_operator_product_keeps_the_transpose_and_gives_torchs_numbers_bit_for_bit():
+    """`graph_ops.operator_product`'s backward multiplies by a transpose kept per operator (the operator
+    itself when symmetric) and gives exactly torch's product and gradient, for a symmetric GCN operator
+    and the non-symmetric row-normalised mean."""
+    import gc
+
+    from gfl_bench.graph_ops import _TRANSPOSES, _transpose, binary_adjacency, gcn_adjacency, operator_product, row_normalized
+
+    before = len(_TRANSPOSES)
+    edge_index = torch.tensor([[0, 1, 1, 2, 0, 2, 3, 1], [1, 0, 2, 1, 2, 0, 1, 3]])
+    generator = torch.Generator().manual_seed(0)
+    for operator, symmetric in [(gcn_adjacency(edge_index, 5), True), (row_normalized(binary_adjacency(edge_index, 5)), False)]:
+        x = torch.randn(5, 3, generator=generator, requires_grad=True)
+        upstream = torch.randn(5, 3, generator=generator)
+        ours = operator_product(operator, x)
+        (grad,) = torch.autograd.grad(ours, x, upstream)
+        (expected,) = torch.autograd.grad(operator @ x, x, upstream)
+        assert torch.equal(ours, operator @ x) and torch.equal(grad, expected)
+        torch.testing.assert_close(grad, operator.to_dense().T @ upstream)  # the transpose, not the operator
+        assert (_transpose(operator) is operator) is symmetric
+        kept = _TRANSPOSES[operator]
+        operator_product(operator, x)
+        assert _TRANSPOSES[operator] is kept  # made once per operator
+    del operator, ours, grad, expected
+    gc.collect()
+    assert len(_TRANSPOSES) == before  # dropped with their operators
+
+
 def test_tiny_mixes_dense_and_sparse_2hop_operators(tiny_federation):
     """The H2GCN cases above cover both operator kinds of the batched path only while `tiny`'s clients mix
     them (graph_ops.dense_if_no_larger): a dense 2-hop ring on some clients, a CSR one on others."""
