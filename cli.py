@@ -256,8 +256,9 @@ ThreadsOption = Annotated[
 RetryOption = Annotated[bool, typer.Option(help="Run again the cells stored as failed.")]
 BatchedOption = Annotated[
     bool,
-    typer.Option("--batched/--per-client", help="Train all clients of Local, FedAvg, FedPer, FedProx, GCFL, FED-PUB, FedTAD and "
-                 "FedGMC (GCN, H2GCN) in one pass per epoch (same numbers up to float rounding on CPU; gfl_bench/batched.py)."),
+    typer.Option("--batched/--per-client", help="Train all clients of a batchable method in one pass per epoch (same numbers "
+                 "up to float rounding on CPU; gfl_bench/batched.py). `gflbench methods` says which methods are (its "
+                 "`batched` column, from each method's registration); the others run per client, and are named."),
 ]
 StackOption = Annotated[
     int,
@@ -573,7 +574,7 @@ def _run_grid(
     rerun: frozenset[str] = frozenset(),
 ) -> None:
     """Validate devices and data up front, then execute the missing runs with progress, then summarise."""
-    from gfl_bench.execute import Events, check_gpu_share, execute, pending
+    from gfl_bench.execute import Events, check_gpu_share, execute, pending, per_client_fallbacks
     from gfl_bench.runner import DataCache, check_measurable, resolve_device
 
     _check_parallel(env.threads, workers)
@@ -586,6 +587,10 @@ def _run_grid(
     with RunStore(store, _say) as runs:
         runs.ensure_writable()  # a read-only or locked store is refused before any run, not after it is computed
         todo = pending(specs, runs, force, retry_failed, rerun)
+        fallbacks = per_client_fallbacks(todo) if env.batched or env.stack_seeds > 1 else []
+        if fallbacks:  # an executor a method cannot use is said, not silently ignored
+            _say(f"{'--batched' if env.batched else '--stack-seeds'}: {', '.join(fallbacks)} cannot be batched; their "
+                 "runs take the per-client path (`gflbench methods` lists which methods can be)")
         if workers == 0 and executor == "local":
             workers = _packed_workers(todo, str(device))
         stored = runs.statuses()
@@ -1020,9 +1025,15 @@ def report(
     local_epochs: EpochsOption = None,
     tuned_dir: TunedOption = None,
     store: StoreOption = DEFAULT_STORE,
+    snapshots: Annotated[
+        Optional[Path],
+        typer.Option("--snapshots", help="Folder of `gflbench run --snapshot-rounds` snapshots: FedGMC cells draw the "
+                     "case-study figure from it (default: none read; each such cell says what is missing)."),
+    ] = None,
 ) -> None:
     """The whole leaderboard as one static site: Tables 1, 2, 4, 5 with marks, CD diagrams, the paper's values,
     every cell's provenance, cost and per-client views (docs/report.md). SOURCE_DATE_EPOCH pins its stamp."""
+    import dataclasses
     import tempfile
 
     from gfl_bench import report as site
@@ -1040,6 +1051,10 @@ def report(
     registered = all_methods()
     options = site.Options(parse_overrides(set_ or [], list(registered)), rounds, local_epochs, seeds, selection,
                            PairedTest(test, alpha), tuned_dir, chosen, tuple(sorted(map(str, files or [store]))), bool(files))  # fmt: skip
+    if snapshots is not None:
+        if not snapshots.is_dir():
+            raise UserError(f"--snapshots {snapshots}: no such folder (gflbench run --snapshot-rounds writes one)")
+        options = dataclasses.replace(options, snapshots=snapshots)
     site.check_out(out, force)
     with tempfile.TemporaryDirectory(prefix="gflbench-report-") as scratch:
         if files:
@@ -1419,6 +1434,7 @@ def methods(
 ) -> None:
     """The registered methods with the backbone and hyperparameters a protocol resolves, and what `tune` searches."""
     from gfl_bench import tables
+    from gfl_bench.execute import per_client_fallbacks
     from gfl_bench.method import all_methods
     from gfl_bench.partition import check_clients
     from gfl_bench.protocol import MissingTuning
@@ -1428,19 +1444,21 @@ def methods(
     dataset_spec(dataset)
     check_clients(partition, clients)
     registered = all_methods()
-    t = Table("name", "paper row", "backbone", "shares", "resolved values", "tune searches",
+    t = Table("name", "paper row", "backbone", "batched", "shares", "resolved values", "tune searches",
               title=f"Methods under protocol {protocol} ({PROTOCOLS[protocol]}), resolved for {dataset} {partition}-{clients}")  # fmt: skip
     for name in tables.method_order(list(registered)):
         cls = registered[name]
         try:
             spec = make_spec(name, dataset, partition, clients, 0, None, protocol=protocol, tuned=tuned_dir)
         except MissingTuning:
-            t.add_row(name, cls.title, "", cls.summary, "not tuned yet: gflbench tune -m " + name, "")
+            t.add_row(name, cls.title, "", "yes" if cls.batchable else "no", cls.summary,
+                      "not tuned yet: gflbench tune -m " + name, "")  # fmt: skip
             continue
         values = dataclasses.asdict(spec.params)
         backbone = values.pop("backbone")
         space = " ".join(f"{k}∈{s.describe()}" for k, s in cls.Params.search_space.items())
-        t.add_row(name, cls.title, backbone, cls.summary, " ".join(f"{k}={v}" for k, v in values.items()), space)
+        batched = "no" if per_client_fallbacks([spec]) else "yes"  # `--batched` / `--stack-seeds` batch it
+        t.add_row(name, cls.title, backbone, batched, cls.summary, " ".join(f"{k}={v}" for k, v in values.items()), space)
     _show(t)
 
 

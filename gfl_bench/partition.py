@@ -107,6 +107,16 @@ def scheme_alpha(label: str) -> float | None:
     return float(given) if base in ALPHA_SCHEMES else None
 
 
+def scheme_title(label: str) -> str:
+    """How a figure or caption names a scheme's label: the paper's words for its two, else the label's."""
+    base = label.partition("-")[0]
+    if label.startswith(FILE_PREFIX):
+        return f"split file {label[len(FILE_PREFIX):]}"
+    if base in ALPHA_SCHEMES:
+        return f"{base} α={scheme_alpha(label):g}"
+    return {"metis": "non-overlapping", "overlap": "overlapping"}.get(base, base)
+
+
 def default_clients(label: str) -> tuple[int, ...]:
     """The client counts a scheme runs when `--clients` is not given: the paper's for its two."""
     base = label.partition("-")[0]

@@ -18,6 +18,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from gfl_bench.datasets import dataset_spec  # noqa: E402
+from gfl_bench.partition import scheme_title  # noqa: E402
 from gfl_bench.significance import RankAnalysis  # noqa: E402
 from gfl_bench.spec import make_spec  # noqa: E402
 from gfl_bench.store import RunStore  # noqa: E402
@@ -82,7 +83,7 @@ def convergence(
         return []
     ax.set_xlabel("Communication round")
     ax.set_ylabel(f"Test {_metric_label(dataset)}")
-    ax.set_title(f"{dataset_spec(dataset).title}, {'non-overlapping' if scheme == 'metis' else 'overlapping'}, {clients} clients")
+    ax.set_title(f"{dataset_spec(dataset).title}, {scheme_title(scheme)}, {clients} clients")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return save_figure(fig, out, suffixes)

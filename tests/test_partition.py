@@ -186,3 +186,11 @@ def test_new_schemes_are_cached_by_their_setting(graph, tmp_path):
     target.write_bytes(next(tmp_path.rglob("dirichlet-0.5-*.pt")).read_bytes())
     again = cached_partition(graph, "tiny", "dirichlet-1.0", 5, 1234, (0.2, 0.4, 0.4), tmp_path)
     assert again.digest() == one.digest()
+
+
+def test_figures_name_every_scheme_by_its_own_title():
+    """A convergence figure of a Louvain or Dirichlet run is not titled "overlapping" (it was, before)."""
+    from gfl_bench.partition import scheme_title
+
+    assert [scheme_title(s) for s in ("metis", "overlap", "louvain", "dirichlet-0.5", "file-0123456789abcdef")] == [
+        "non-overlapping", "overlapping", "louvain", "dirichlet α=0.5", "split file 0123456789abcdef"]  # fmt: skip

@@ -174,8 +174,6 @@ def test_two_cells_commands_reproduce_their_cells(site, store, tmp_path):
 def test_a_fedgmc_cell_shows_its_case_study_or_the_commands_that_make_it(tmp_path, monkeypatch):
     """Without snapshots the cell says what is missing and how to make it; those commands, run as shown, make
     the snapshots and the figure, and the report given their folder draws the figure in the cell."""
-    from gfl_bench.report import Options, build
-
     monkeypatch.chdir(tmp_path)  # the commands write into results/snapshots, as a user's would
     store = tmp_path / "runs.sqlite"
     assert _cli("run", "-m", "fedgmc", *TINY, "--clients", "5", "--seeds", "1", "--store", str(store)).exit_code == 0
@@ -197,8 +195,12 @@ def test_a_fedgmc_cell_shows_its_case_study_or_the_commands_that_make_it(tmp_pat
     assert figure.exit_code == 0, figure.output
     assert (tmp_path / "case.png").stat().st_size > 1000
     drawn = tmp_path / "drawn"
-    with RunStore(store) as runs:
-        build(runs, drawn, Options(rounds=3, seeds=1, inputs=(str(store),), snapshots=snapshots))
+    missing = _cli("report", "--store", str(store), "--rounds", "3", "--seeds", "1", "--out", str(drawn),
+                   "--snapshots", str(tmp_path / "nowhere"), env={STAMP_ENV: STAMP})  # fmt: skip
+    assert missing.exit_code == 2 and "--snapshots" in missing.output and not drawn.exists()
+    result = _cli("report", "--store", str(store), "--rounds", "3", "--seeds", "1", "--out", str(drawn),
+                  "--snapshots", str(snapshots), env={STAMP_ENV: STAMP})  # fmt: skip
+    assert result.exit_code == 0, result.output
     details = _details((drawn / "index.html").read_text(), "paper-fedgmc-tiny-metis-5")
     src = re.search(r'<figure class="case-study"><img src="(assets/case-study-paper-fedgmc-tiny-metis-5\.svg)"', details)
     assert src and "No case-study figure" not in details
