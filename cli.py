@@ -1412,7 +1412,7 @@ def partitions(
         t.add_row(
             str(cid), str(g.num_nodes), str(g.num_edges // 2), str(int(g.train_mask.sum())),
             str(int(g.val_mask.sum())), str(int(g.test_mask.sum())), " ".join(map(str, counts)),
-            f"{row['js']:.3f}", f"{row['homophily']:.3f}", f"{row['homophily_gap']:+.3f}", f"{row['missing']:.3f}",
+            f"{row['js']:.3f}", _or_dash(row["homophily"], ".3f"), _or_dash(row["homophily_gap"], "+.3f"), f"{row['missing']:.3f}",
         )  # fmt: skip
     console.print(t)
     for name, values in summary.iterrows():
@@ -1421,6 +1421,11 @@ def partitions(
                       f"(gap {values['homophily_gap']:+.3f}), missing neighbours {values['missing']:.3f}", soft_wrap=True)  # fmt: skip
     console.print(f"quantity imbalance (CV of client sizes) {imbalance:.3f}; global edge homophily "
                   f"{heterogeneity.edge_homophily(graph.edge_index, graph.y):.3f}", soft_wrap=True)  # fmt: skip
+
+
+def _or_dash(value: float, spec: str) -> str:
+    """A statistic that has no value for this client (homophily of a client without edges: NaN) shows as "-"."""
+    return "-" if value != value else format(value, spec)
 
 
 @app.command()

@@ -88,3 +88,10 @@ def test_partitions_writes_the_statistics_as_csv(tmp_path, monkeypatch):
     assert mean["quantity_imbalance"] == pytest.approx(sizes.std() / sizes.mean(), rel=1e-5)
     bad = CliRunner().invoke(app, ["partitions", "-d", "tiny", "-f", "pdf"])
     assert bad.exit_code == 2 and "unknown format" in bad.stderr
+
+
+def test_a_client_without_edges_shows_a_dash_for_its_homophily_not_nan():
+    from cli import _or_dash
+
+    assert _or_dash(float("nan"), ".3f") == "-" and _or_dash(float("nan"), "+.3f") == "-"
+    assert _or_dash(0.5, "+.3f") == "+0.500" and _or_dash(0.0, ".3f") == "0.000"
