@@ -1,6 +1,6 @@
 """Seconds per round of every method on every paper dataset: the basis of the whole grid's cost.
 
-    GFLBENCH_RAW_MIRROR=/work/shared/data GFLBENCH_DATA=/tmp/data python bench/grid_cost.py --out bench/grid_cost.csv
+    GFLBENCH_RAW_MIRROR=../shared/data GFLBENCH_DATA=data python bench/grid_cost.py --out bench/grid_cost.csv
 
 `gflbench sweep --table all --dry-run` can only estimate a run from a stored run of its cell or a row of
 bench/round_times.csv, which covers a few methods on a few datasets. This script times a few rounds of
