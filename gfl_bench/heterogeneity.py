@@ -66,4 +66,4 @@ def quantity_imbalance(stats: pd.DataFrame) -> float:
 
 def summary(stats: pd.DataFrame) -> pd.DataFrame:
     """Mean, min and max of every column over the clients (NaN left out)."""
-    return pd.DataFrame({"mean": stats.mean(), "min": stats.min(), "max": stats.max()}).T
+    return stats.agg(["mean", "min", "max"])
