@@ -21,7 +21,7 @@ import unicodedata
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 # What a non-UTF-8 stdout (PYTHONIOENCODING=latin-1, a C locale) gets instead of a character it cannot encode;
 # box-drawing lines become - | +, anything else unlisted its unaccented letter or ?.
@@ -40,7 +40,9 @@ def _ascii_spelling(error: UnicodeError) -> tuple[str, int]:
         if char in _ASCII:
             spelled.append(_ASCII[char])
         elif name.startswith("BOX DRAWINGS"):
-            spelled.append("+" if ("VERTICAL" in name) == ("HORIZONTAL" in name) else "|" if "VERTICAL" in name else "-")
+            spelled.append(
+                "+" if ("VERTICAL" in name) == ("HORIZONTAL" in name) else "|" if "VERTICAL" in name else "-"
+            )
         else:
             spelled.append(unicodedata.normalize("NFKD", char).encode("ascii", "ignore").decode() or "?")
     return "".join(spelled), error.end
@@ -54,7 +56,7 @@ for _stream in (sys.stdout, sys.stderr):
 if not sys.stdout.isatty():  # piped help is never cut to 80 columns (typer reads this when it formats help)
     os.environ.setdefault("TERMINAL_WIDTH", "200")
 
-import typer  # noqa: E402
+import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
@@ -143,14 +145,10 @@ def _terminated(signum: int, frame: object) -> None:
     raise Terminated
 
 
-DataDirOption = Annotated[
-    Optional[Path], typer.Option("--data-dir", envvar=DATA_DIR_ENV, help="Writable dataset folder.")
-]
-StoreOption = Annotated[
-    Path, typer.Option("--store", envvar=RESULTS_ENV, help="Run store (SQLite file).")
-]
+DataDirOption = Annotated[Path | None, typer.Option("--data-dir", envvar=DATA_DIR_ENV, help="Writable dataset folder.")]
+StoreOption = Annotated[Path, typer.Option("--store", envvar=RESULTS_ENV, help="Run store (SQLite file).")]
 SetOption = Annotated[
-    Optional[list[str]],
+    list[str] | None,
     typer.Option("--set", help="Hyperparameter override method.key=value (or key=value for all); repeatable."),
 ]
 SelectionOption = Annotated[
@@ -165,14 +163,18 @@ SelectionOption = Annotated[
 MethodsOption = Annotated[str, typer.Option("--method", "-m", help="Method name(s), comma-separated.")]
 DatasetsOption = Annotated[str, typer.Option("--dataset", "-d", help="Dataset name(s), comma-separated.")]
 PartitionOption = Annotated[
-    str, typer.Option("--partition", "--scheme", help="metis, overlap (the paper's), louvain or dirichlet (with --alpha).")
+    str,
+    typer.Option("--partition", "--scheme", help="metis, overlap (the paper's), louvain or dirichlet (with --alpha)."),
 ]
 SchemeAlphaOption = Annotated[
-    Optional[float], typer.Option("--alpha", help="The dirichlet scheme's concentration (> 0; smaller: more label skew).")
+    float | None,
+    typer.Option("--alpha", help="The dirichlet scheme's concentration (> 0; smaller: more label skew)."),
 ]
 PartitionFileOption = Annotated[
-    Optional[Path],
-    typer.Option("--partition-file", help="A split manifest (`gflbench partitions --export`): run its split, not --partition's."),
+    Path | None,
+    typer.Option(
+        "--partition-file", help="A split manifest (`gflbench partitions --export`): run its split, not --partition's."
+    ),
 ]
 ProtocolOption = Annotated[
     str,
@@ -183,16 +185,20 @@ ProtocolOption = Annotated[
     ),
 ]
 TunedOption = Annotated[
-    Optional[Path],
-    typer.Option("--tuned-dir", envvar=TUNED_ENV, help="Folder of the fair protocol's tuned values (default results/tuned)."),
+    Path | None,
+    typer.Option(
+        "--tuned-dir", envvar=TUNED_ENV, help="Folder of the fair protocol's tuned values (default results/tuned)."
+    ),
 ]
-RoundsOption = Annotated[Optional[int], typer.Option("--rounds", help="Override the dataset's round count.")]
-AlphaOption = Annotated[float, typer.Option("--alpha", help="Significance level of `table`'s marks and `plot ranks` (docs/protocol.md).")]
+RoundsOption = Annotated[int | None, typer.Option("--rounds", help="Override the dataset's round count.")]
+AlphaOption = Annotated[
+    float, typer.Option("--alpha", help="Significance level of `table`'s marks and `plot ranks` (docs/protocol.md).")
+]
 TestOption = Annotated[
     str, typer.Option("--test", help="Paired test against each column's best: t (from 3 seeds) or wilcoxon (from 6).")
 ]
 EpochsOption = Annotated[
-    Optional[int], typer.Option("--local-epochs", help="Override the dataset's local epochs per round.")
+    int | None, typer.Option("--local-epochs", help="Override the dataset's local epochs per round.")
 ]
 
 
@@ -217,7 +223,9 @@ def friendly(command: Callable[..., Any]) -> Callable[..., Any]:
                 traceback.print_exc()
             err_console.print(
                 f"error: {type(error).__name__}: {error} (set GFLBENCH_DEBUG=1 for the traceback)",
-                markup=False, highlight=False, soft_wrap=True,
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
             )
             raise typer.Exit(1) from None
 
@@ -245,31 +253,43 @@ def parse_ints(text: str, what: str) -> list[int]:
 
 WorkersOption = Annotated[
     int,
-    typer.Option(help="Runs in parallel, each a whole run in its own process (several may share a GPU); 0: as many "
-                 "as the cores and the measured per-run memory allow (gfl_bench/sweep.py `packed_workers`)."),
+    typer.Option(
+        help="Runs in parallel, each a whole run in its own process (several may share a GPU); 0: as many "
+        "as the cores and the measured per-run memory allow (gfl_bench/sweep.py `packed_workers`)."
+    ),
 ]
 ThreadsOption = Annotated[
     int,
-    typer.Option(help="CPU threads per run (0: torch's default). Client graphs are small: one thread avoids "
-                      "oversubscription when runs share a machine."),
+    typer.Option(
+        help="CPU threads per run (0: torch's default). Client graphs are small: one thread avoids "
+        "oversubscription when runs share a machine."
+    ),
 ]
 RetryOption = Annotated[bool, typer.Option(help="Run again the cells stored as failed.")]
 BatchedOption = Annotated[
     bool,
-    typer.Option("--batched/--per-client", help="Train all clients of a batchable method in one pass per epoch (same numbers "
-                 "up to float rounding on CPU; gfl_bench/batched.py). `gflbench methods` says which methods are (its "
-                 "`batched` column, from each method's registration); the others run per client, and are named."),
+    typer.Option(
+        "--batched/--per-client",
+        help="Train all clients of a batchable method in one pass per epoch (same numbers "
+        "up to float rounding on CPU; gfl_bench/batched.py). `gflbench methods` says which methods are (its "
+        "`batched` column, from each method's registration); the others run per client, and are named.",
+    ),
 ]
 StackOption = Annotated[
     int,
-    typer.Option(help="Step up to N seeds of one configuration of a batchable method together in one process, every "
-                 "client of every seed in one batched pass (implies --batched for them); each seed's numbers are its "
-                 "own (gfl_bench/randomness.py). Pays on a GPU; bench/stacked_seeds.py measures it."),
+    typer.Option(
+        help="Step up to N seeds of one configuration of a batchable method together in one process, every "
+        "client of every seed in one batched pass (implies --batched for them); each seed's numbers are its "
+        "own (gfl_bench/randomness.py). Pays on a GPU; bench/stacked_seeds.py measures it."
+    ),
 ]
 SparseOption = Annotated[
     bool,
-    typer.Option("--sparse-features/--dense-features", help="First layer from a CSR copy of the features: 2-5× "
-                 "cheaper on bag-of-words graphs (bench/sparse_features.py); same numbers up to float rounding."),
+    typer.Option(
+        "--sparse-features/--dense-features",
+        help="First layer from a CSR copy of the features: 2-5× "
+        "cheaper on bag-of-words graphs (bench/sparse_features.py); same numbers up to float rounding.",
+    ),
 ]
 
 
@@ -282,7 +302,7 @@ def run(
     alpha: SchemeAlphaOption = None,
     partition_file: PartitionFileOption = None,
     clients: Annotated[
-        Optional[str], typer.Option(help="Client counts, comma-separated; default the paper's for the scheme.")
+        str | None, typer.Option(help="Client counts, comma-separated; default the paper's for the scheme.")
     ] = None,
     seeds: Annotated[int, typer.Option(help="Run seeds 0..N-1.")] = 10,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
@@ -298,7 +318,7 @@ def run(
     tuned_dir: TunedOption = None,
     selection: SelectionOption = "global",
     data_seed: Annotated[
-        Optional[int], typer.Option(help="Seed of the split and partition; default the protocol's fixed one.")
+        int | None, typer.Option(help="Seed of the split and partition; default the protocol's fixed one.")
     ] = None,
     data_dir: DataDirOption = None,
     store: StoreOption = DEFAULT_STORE,
@@ -337,7 +357,9 @@ def run(
     if stack_seeds < 1:
         raise UserError(f"--stack-seeds must be at least 1, got {stack_seeds}")
     _check_snapshot_rounds(snapshots, specs)
-    env = Environment(device, data_dir or default_data_dir(), threads, snapshots, snapshot_dir, batched, sparse_features, stack_seeds)
+    env = Environment(
+        device, data_dir or default_data_dir(), threads, snapshots, snapshot_dir, batched, sparse_features, stack_seeds
+    )
     no_snapshots = frozenset(
         s.run_key for s in specs if any(not (snapshot_dir / s.run_key / f"round{r}.pt").exists() for r in snapshots)
     )
@@ -348,23 +370,30 @@ def run(
 @friendly
 def sweep(
     table_: Annotated[
-        Optional[str], typer.Option("--table", help="Run what paper table 1, 2, 4, 5, 6, 7, 'sensitivity' (the figures) or 'all' of them needs.")
+        str | None,
+        typer.Option(
+            "--table", help="Run what paper table 1, 2, 4, 5, 6, 7, 'sensitivity' (the figures) or 'all' of them needs."
+        ),
     ] = None,
-    method: Annotated[Optional[str], typer.Option("--method", "-m", help="Only these methods (or the grid's).")] = None,
-    dataset: Annotated[Optional[str], typer.Option("--datasets", "--dataset", "-d", help="Only these datasets.")] = None,
+    method: Annotated[str | None, typer.Option("--method", "-m", help="Only these methods (or the grid's).")] = None,
+    dataset: Annotated[str | None, typer.Option("--datasets", "--dataset", "-d", help="Only these datasets.")] = None,
     partition: Annotated[str, typer.Option("--partition", "--scheme", help="Scheme of an explicit grid.")] = "metis",
     alpha: SchemeAlphaOption = None,
     partition_file: PartitionFileOption = None,
-    clients: Annotated[Optional[str], typer.Option(help="Client counts of an explicit grid.")] = None,
+    clients: Annotated[str | None, typer.Option(help="Client counts of an explicit grid.")] = None,
     seeds: Annotated[int, typer.Option(help="Run seeds 0..N-1.")] = 10,
-    dry_run: Annotated[bool, typer.Option(help="List the missing runs and an estimate of their time; run nothing.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option(help="List the missing runs and an estimate of their time; run nothing.")
+    ] = False,
     workers: WorkersOption = 1,
     executor: Annotated[str, typer.Option(help="local (worker processes) or ray (an existing Ray cluster).")] = "local",
-    address: Annotated[Optional[str], typer.Option(help="Ray cluster address, e.g. auto.")] = None,
+    address: Annotated[str | None, typer.Option(help="Ray cluster address, e.g. auto.")] = None,
     gpus_per_run: Annotated[
-        Optional[float],
-        typer.Option(help="Fraction of a GPU each Ray task reserves (default: 1/--workers when the device is cuda, "
-                          "or auto on a cluster with GPUs; 0 otherwise)."),
+        float | None,
+        typer.Option(
+            help="Fraction of a GPU each Ray task reserves (default: 1/--workers when the device is cuda, "
+            "or auto on a cluster with GPUs; 0 otherwise)."
+        ),
     ] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
     threads: ThreadsOption = 1,
@@ -397,9 +426,24 @@ def sweep(
     if table_ is not None:
         # "all": every run the paper's tables and sensitivity figures need, each once
         chosen_tables = (*SWEEP_TABLES, "sensitivity") if table_ == "all" else (table_,)
-        specs = [s for t in chosen_tables
-                 for s in _table_specs(t, registered, method, dataset, seeds, set_, rounds, local_epochs, protocol,
-                                       tuned_dir, selection, part_of_all=table_ == "all")]
+        specs = [
+            s
+            for t in chosen_tables
+            for s in _table_specs(
+                t,
+                registered,
+                method,
+                dataset,
+                seeds,
+                set_,
+                rounds,
+                local_epochs,
+                protocol,
+                tuned_dir,
+                selection,
+                part_of_all=table_ == "all",
+            )
+        ]
         specs = list({s.run_key: s for s in specs}.values())  # fmt: skip
     else:
         if method is None or dataset is None:
@@ -412,8 +456,9 @@ def sweep(
             counts = parse_ints(clients, "client counts") if clients else list(default_clients(partition))
         grid = Grid(tuple(split_list(method, "methods")), tuple(split_list(dataset, "datasets")),
                     tuple((partition, c) for c in counts))  # fmt: skip
-        specs = _grid_specs_checked(grid, None, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned_dir,
-                                    selection)
+        specs = _grid_specs_checked(
+            grid, None, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned_dir, selection
+        )
     if stack_seeds < 1:
         raise UserError(f"--stack-seeds must be at least 1, got {stack_seeds}")
     env = Environment(device, data_dir or default_data_dir(), threads, batched=batched, sparse_features=sparse_features,
@@ -450,20 +495,25 @@ def sweep(
     _run_grid(specs, store, env, workers, False, retry_failed, executor, address, gpus_per_run)
 
 
-def _partition_file(path: Path, datasets: list[str], clients: str | None, data_dir: Path | None) -> tuple[str, list[int], int]:
+def _partition_file(
+    path: Path, datasets: list[str], clients: str | None, data_dir: Path | None
+) -> tuple[str, list[int], int]:
     """Check a split manifest, copy it into the partition cache: its scheme label, [client count], data seed."""
     from gfl_bench.manifest import register
 
     if len(datasets) != 1:
-        raise UserError(f"--partition-file holds one dataset's split; give that dataset alone, not {', '.join(datasets)}")
+        raise UserError(
+            f"--partition-file holds one dataset's split; give that dataset alone, not {', '.join(datasets)}"
+        )
     label, count, data_seed = register(path, datasets[0], (data_dir or default_data_dir()) / "partitions")
     if clients is not None and parse_ints(clients, "client counts") != [count]:
         raise UserError(f"{path} has {count} clients; drop --clients or give {count}")
     return label, [count], data_seed
 
 
-def _partition_file_at_default_seed(path: Path, datasets: list[str], clients: str | None,
-                                    data_dir: Path | None) -> tuple[str, list[int]]:
+def _partition_file_at_default_seed(
+    path: Path, datasets: list[str], clients: str | None, data_dir: Path | None
+) -> tuple[str, list[int]]:
     """`_partition_file` for sweep, tune and table, which run (or look up) the protocol's data seed only."""
     from gfl_bench.partition import DEFAULT_DATA_SEED
 
@@ -492,7 +542,18 @@ def _planned_device(device: str) -> str | None:
 
 
 def _table_specs(
-    table_, registered, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned, selection, part_of_all=False
+    table_,
+    registered,
+    method,
+    dataset,
+    seeds,
+    set_,
+    rounds,
+    local_epochs,
+    protocol,
+    tuned,
+    selection,
+    part_of_all=False,
 ) -> list[RunSpec]:
     """The runs one paper table (or the sensitivity figures) needs, restricted to --method / --datasets."""
     from gfl_bench.sweep import table_grid
@@ -558,7 +619,9 @@ def _selected_overrides(set_: list[str] | None, methods: list[str], selection: s
     from gfl_bench import tables
     from gfl_bench.spec import parse_overrides
 
-    return {m: tables.rule_overrides(m, selection, values) for m, values in parse_overrides(set_ or [], methods).items()}
+    return {
+        m: tables.rule_overrides(m, selection, values) for m, values in parse_overrides(set_ or [], methods).items()
+    }
 
 
 def _run_grid(
@@ -589,8 +652,10 @@ def _run_grid(
         todo = pending(specs, runs, force, retry_failed, rerun)
         fallbacks = per_client_fallbacks(todo) if env.batched or env.stack_seeds > 1 else []
         if fallbacks:  # an executor a method cannot use is said, not silently ignored
-            _say(f"{'--batched' if env.batched else '--stack-seeds'}: {', '.join(fallbacks)} cannot be batched; their "
-                 "runs take the per-client path (`gflbench methods` lists which methods can be)")
+            _say(
+                f"{'--batched' if env.batched else '--stack-seeds'}: {', '.join(fallbacks)} cannot be batched; their "
+                "runs take the per-client path (`gflbench methods` lists which methods can be)"
+            )
         if workers == 0 and executor == "local":
             workers = _packed_workers(todo, str(device))
         stored = runs.statuses()
@@ -633,7 +698,9 @@ def _run_grid(
                 if record["status"] != "ok":
                     err_console.print(f"run failed: {_label(spec)}: {record['error']}", markup=False, soft_wrap=True)
 
-            execute(todo, runs, env, workers, executor, address, gpus_per_run, Events(started, round_done, finished, _say))
+            execute(
+                todo, runs, env, workers, executor, address, gpus_per_run, Events(started, round_done, finished, _say)
+            )
         _print_summary(runs, specs)
         statuses = runs.statuses()
         failed = sum(1 for s in specs if statuses.get(s.run_key) == "failed")
@@ -642,11 +709,15 @@ def _run_grid(
         err_console.print(
             f"{failed} runs of this grid are stored as failed; list them with their error: "
             f"gflbench failed --store {store}" + ("" if retry_failed else "; --retry-failed runs them again"),
-            markup=False, highlight=False, soft_wrap=True,
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
         )
     if spool is not None:
-        _say(f"{spooled} finished runs could not be written to the run store {store} and are kept in {spool}: "
-             f"`gflbench import {spool} --store {store}` adds them (do it before a rerun, which would compute them again)")
+        _say(
+            f"{spooled} finished runs could not be written to the run store {store} and are kept in {spool}: "
+            f"`gflbench import {spool} --store {store}` adds them (do it before a rerun, which would compute them again)"
+        )
     if failed or spool is not None:
         raise typer.Exit(1)
 
@@ -713,8 +784,10 @@ def failed(store: StoreOption = DEFAULT_STORE) -> None:
 @friendly
 def export(
     out: Annotated[Path, typer.Argument(help="File to write: JSON Lines, gzip-compressed if it ends in .gz.")],
-    method: Annotated[Optional[str], typer.Option("--method", "-m", help="Only these methods (comma-separated).")] = None,
-    dataset: Annotated[Optional[str], typer.Option("--dataset", "-d", help="Only these datasets (comma-separated).")] = None,
+    method: Annotated[str | None, typer.Option("--method", "-m", help="Only these methods (comma-separated).")] = None,
+    dataset: Annotated[
+        str | None, typer.Option("--dataset", "-d", help="Only these datasets (comma-separated).")
+    ] = None,
     store: StoreOption = DEFAULT_STORE,
 ) -> None:
     """Write stored runs (whole records: curves, config, provenance) to one file, to move them to another
@@ -756,7 +829,9 @@ def import_runs(
         added = runs.put_many(records)
     console.print(f"imported {added} new runs into {store}; {len(records) - added} were already stored", soft_wrap=True)
     if differ:
-        _say(f"{len(differ)} imported runs differ from the run stored under the same key, which was kept: {_some(differ)}")
+        _say(
+            f"{len(differ)} imported runs differ from the run stored under the same key, which was kept: {_some(differ)}"
+        )
 
 
 def _some(items: list[str], shown: int = 5) -> str:
@@ -769,17 +844,18 @@ def _some(items: list[str], shown: int = 5) -> str:
 @friendly
 def table(
     number: Annotated[
-        Optional[str], typer.Argument(help="Paper table 1-7 or 'all'; default every results table that has runs.")
+        str | None, typer.Argument(help="Paper table 1-7 or 'all'; default every results table that has runs.")
     ] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="terminal, markdown, latex or csv.")] = "terminal",
-    out: Annotated[Optional[Path], typer.Option(help="Write to this file instead of the terminal.")] = None,
-    method: Annotated[Optional[str], typer.Option("--method", "-m", help="Rows; default every stored method.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write to this file instead of the terminal.")] = None,
+    method: Annotated[str | None, typer.Option("--method", "-m", help="Rows; default every stored method.")] = None,
     dataset: Annotated[
-        Optional[str],
+        str | None,
         typer.Option("--dataset", "-d", help="With a table number: only these datasets; without: a custom table."),
     ] = None,
     partition: Annotated[
-        str, typer.Option("--partition", "--scheme", help="Scheme of a custom table (a Dirichlet one as dirichlet-0.5).")
+        str,
+        typer.Option("--partition", "--scheme", help="Scheme of a custom table (a Dirichlet one as dirichlet-0.5)."),
     ] = "metis",
     partition_file: PartitionFileOption = None,
     seeds: Annotated[int, typer.Option(help="Seeds a full cell has; cells with another count are marked (n=k).")] = 10,
@@ -834,21 +910,34 @@ def table(
     rendered = []
     for n in numbers if not (number is None and chosen_datasets) else [0]:
         if n == 0:
-            blocks, caption = tables.results_table(0, sel, rows, titles, chosen_datasets, partition, paired, file_clients), f"{', '.join(chosen_datasets)}, {partition} partitioning"
+            blocks, caption = (
+                tables.results_table(0, sel, rows, titles, chosen_datasets, partition, paired, file_clients),
+                f"{', '.join(chosen_datasets)}, {partition} partitioning",
+            )
         elif n == 3:
             blocks, caption = tables.dataset_table(data_dir or default_data_dir()), tables.CAPTIONS[3]
         elif n == 6:
-            ablation_datasets = chosen_datasets or [d for d in tables.HOMOPHILIC + tables.HETEROPHILIC if d in set(frame["dataset"])]
+            ablation_datasets = chosen_datasets or [
+                d for d in tables.HOMOPHILIC + tables.HETEROPHILIC if d in set(frame["dataset"])
+            ]
             blocks, caption = tables.ablation_table(sel, titles, ablation_datasets), tables.CAPTIONS[6]
         elif n == 7:
-            blocks, caption = tables.time_table(sel, rows, titles, chosen_datasets or tables.TIME_DATASETS), tables.CAPTIONS[7]
+            blocks, caption = (
+                tables.time_table(sel, rows, titles, chosen_datasets or tables.TIME_DATASETS),
+                tables.CAPTIONS[7],
+            )
         else:
-            blocks, caption = tables.results_table(n, sel, rows, titles, chosen_datasets, test=paired), tables.CAPTIONS[n]
+            blocks, caption = (
+                tables.results_table(n, sel, rows, titles, chosen_datasets, test=paired),
+                tables.CAPTIONS[n],
+            )
         if n != 3 and not any((b.values.notna().any().any() or (b.text == "failed").any().any()) for b in blocks):
             continue
         if selection != "global" and n not in (3, 7):
-            caption = caption.rstrip(".") + (f". Selection: {selection} best validation round; methods that select "
-                                             "inside themselves run with their own per-client selection on.")
+            caption = caption.rstrip(".") + (
+                f". Selection: {selection} best validation round; methods that select "
+                "inside themselves run with their own per-client selection on."
+            )
         if value == "val" and n not in (3, 7):
             caption = caption.rstrip(".") + ". Values: VALIDATION (for choosing settings; not a result)."
         if n != 3:
@@ -968,8 +1057,8 @@ def datasets(data_dir: DataDirOption = None) -> None:
 @friendly
 def compare(
     tables_: Annotated[str, typer.Option("--tables", help="Paper tables to compare, comma-separated.")] = "1,2,4,5,6,7",
-    method: Annotated[Optional[str], typer.Option("--method", "-m", help="Methods; default every stored one.")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Write the Markdown report to this file.")] = None,
+    method: Annotated[str | None, typer.Option("--method", "-m", help="Methods; default every stored one.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write the Markdown report to this file.")] = None,
     selection: SelectionOption = "global",
     set_: SetOption = None,
     rounds: RoundsOption = None,
@@ -980,7 +1069,8 @@ def compare(
 ) -> None:
     """Ours next to the paper's published numbers for every cell we have, with flags and a summary (Markdown)."""
     from gfl_bench import tables
-    from gfl_bench.compare import COMPARABLE_TABLES, compare as compare_cells, to_markdown
+    from gfl_bench.compare import COMPARABLE_TABLES, to_markdown
+    from gfl_bench.compare import compare as compare_cells
     from gfl_bench.method import all_methods
     from gfl_bench.spec import parse_overrides
 
@@ -1008,13 +1098,16 @@ def compare(
 @friendly
 def report(
     out: Annotated[Path, typer.Option("--out", help="Folder of the site (index.html and assets/).")],
-    files: Annotated[Optional[list[Path]], typer.Argument(help="Exported records (`gflbench export`), with --records.")] = None,
+    files: Annotated[
+        list[Path] | None, typer.Argument(help="Exported records (`gflbench export`), with --records.")
+    ] = None,
     records: Annotated[
         bool, typer.Option("--records", help="Read the FILES given (exported records) instead of the store.")
     ] = False,
     force: Annotated[bool, typer.Option(help="Write into a folder that exists and is not a previous report.")] = False,
     protocol: Annotated[
-        Optional[str], typer.Option("--protocol", help="Only this protocol's leaderboard; default one leaderboard per protocol.")
+        str | None,
+        typer.Option("--protocol", help="Only this protocol's leaderboard; default one leaderboard per protocol."),
     ] = None,
     seeds: Annotated[int, typer.Option(help="Seeds a full cell has; cells with another count are marked (n=k).")] = 10,
     selection: SelectionOption = "global",
@@ -1026,9 +1119,12 @@ def report(
     tuned_dir: TunedOption = None,
     store: StoreOption = DEFAULT_STORE,
     snapshots: Annotated[
-        Optional[Path],
-        typer.Option("--snapshots", help="Folder of `gflbench run --snapshot-rounds` snapshots: FedGMC cells draw the "
-                     "case-study figure from it (default: none read; each such cell says what is missing)."),
+        Path | None,
+        typer.Option(
+            "--snapshots",
+            help="Folder of `gflbench run --snapshot-rounds` snapshots: FedGMC cells draw the "
+            "case-study figure from it (default: none read; each such cell says what is missing).",
+        ),
     ] = None,
 ) -> None:
     """The whole leaderboard as one static site: Tables 1, 2, 4, 5 with marks, CD diagrams, the paper's values,
@@ -1079,7 +1175,9 @@ def tune(
     clients: Annotated[str, typer.Option(help="Client counts, comma-separated.")] = "10",
     trials: Annotated[int, typer.Option(help="Trials per method and setting: the same budget for every method.")] = 16,
     tuning_seeds: Annotated[int, typer.Option(help="Seeds per trial (1000, 1001, ...; never a reporting seed).")] = 1,
-    prune: Annotated[bool, typer.Option(help="Stop trials below the median of earlier ones (Optuna MedianPruner).")] = True,
+    prune: Annotated[
+        bool, typer.Option(help="Stop trials below the median of earlier ones (Optuna MedianPruner).")
+    ] = True,
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
@@ -1153,7 +1251,9 @@ def _tune_settings(settings: list[tuple[str, int]], methods: list[str], partitio
 
                 def shown(report: TrialReport, task: int = task, what: str = what, progress=progress) -> None:
                     value = "—" if report.value is None else f"{report.value * 100:.2f}"
-                    line = f"trial {report.number + 1}/{report.total} {report.state}: val {value} ({report.seconds:.0f} s)"
+                    line = (
+                        f"trial {report.number + 1}/{report.total} {report.state}: val {value} ({report.seconds:.0f} s)"
+                    )
                     if progress is not None:
                         progress.update(task, completed=report.number + 1, status=line)
                     else:
@@ -1161,7 +1261,9 @@ def _tune_settings(settings: list[tuple[str, int]], methods: list[str], partitio
                         sys.stdout.flush()
 
                 entry = tune_method(meth, d, partition, m, budget, data, chosen_device, storage, folder, shown)
-            values = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in entry["values"].items())
+            values = " ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in entry["values"].items()
+            )
             console.print(f"{what}: best validation {entry['validation'] * 100:.2f} (trial {entry['trial']}; "
                           f"{entry['trials']['complete']} complete, {entry['trials']['pruned']} pruned): {values}",
                           soft_wrap=True)  # fmt: skip
@@ -1193,8 +1295,10 @@ def plot_convergence(
     dataset: Annotated[str, typer.Option("--dataset", "-d")],
     partition: Annotated[str, typer.Option("--partition", "--scheme")] = "metis",
     clients: Annotated[int, typer.Option()] = 10,
-    method: Annotated[Optional[str], typer.Option("--method", "-m", help="Methods; default every stored one except the ablations.")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="File stem; .png and .pdf are written.")] = None,
+    method: Annotated[
+        str | None, typer.Option("--method", "-m", help="Methods; default every stored one except the ablations.")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="File stem; .png and .pdf are written.")] = None,
     set_: SetOption = None,
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,
@@ -1220,7 +1324,9 @@ def plot_convergence(
                            protocol=protocol, tuned=tuned_dir)  # fmt: skip
     target = out or FIGURES / f"convergence-{dataset}-{partition}-{clients}"
     with RunStore(store) as runs:
-        written = plots.convergence(runs, sel, methods, {m: c.title for m, c in registered.items()}, dataset, partition, clients, target)
+        written = plots.convergence(
+            runs, sel, methods, {m: c.title for m, c in registered.items()}, dataset, partition, clients, target
+        )
     _report_figure(written)
 
 
@@ -1230,7 +1336,7 @@ def plot_sensitivity(
     dataset: Annotated[str, typer.Option("--dataset", "-d")],
     partition: Annotated[str, typer.Option("--partition", "--scheme")] = "metis",
     clients: Annotated[int, typer.Option()] = 10,
-    out: Annotated[Optional[Path], typer.Option(help="File stem; .png and .pdf are written.")] = None,
+    out: Annotated[Path | None, typer.Option(help="File stem; .png and .pdf are written.")] = None,
     rounds: RoundsOption = None,
     store: StoreOption = DEFAULT_STORE,
 ) -> None:
@@ -1241,7 +1347,11 @@ def plot_sensitivity(
     dataset_spec(dataset)
     check_clients(partition, clients)
     sel = tables.Selection(_stored_runs(store), {}, rounds)
-    _report_figure(plots.sensitivity(sel, dataset, partition, clients, out or FIGURES / f"sensitivity-{dataset}-{partition}-{clients}"))
+    _report_figure(
+        plots.sensitivity(
+            sel, dataset, partition, clients, out or FIGURES / f"sensitivity-{dataset}-{partition}-{clients}"
+        )
+    )
 
 
 @plot_app.command("case-study")
@@ -1254,8 +1364,9 @@ def plot_case_study(
     rounds_: Annotated[str, typer.Option("--at", help="Two snapshot rounds: before,after.")] = "0,99",
     set_: SetOption = None,
     rounds: RoundsOption = None,
-    snapshot_dir: Annotated[Path, typer.Option(help="Where `run --snapshot-rounds` saved them.")] = Path("results") / "snapshots",
-    out: Annotated[Optional[Path], typer.Option(help="File stem; .png and .pdf are written.")] = None,
+    snapshot_dir: Annotated[Path, typer.Option(help="Where `run --snapshot-rounds` saved them.")] = Path("results")
+    / "snapshots",
+    out: Annotated[Path | None, typer.Option(help="File stem; .png and .pdf are written.")] = None,
 ) -> None:
     """t-SNE of FedGMC's anchors, class means, templates and local structural manifolds at two rounds (Fig. 5)."""
     import torch
@@ -1285,17 +1396,20 @@ def plot_case_study(
 @friendly
 def plot_ranks(
     number: Annotated[
-        Optional[str], typer.Argument(help="Paper table 1, 2, 4 or 5; without it, the cells of --dataset and --partition.")
+        str | None,
+        typer.Argument(help="Paper table 1, 2, 4 or 5; without it, the cells of --dataset and --partition."),
     ] = None,
     method: Annotated[
-        Optional[str],
-        typer.Option("--method", "-m", help="Methods; default every stored one except the ablations (see docs/protocol.md)."),
+        str | None,
+        typer.Option(
+            "--method", "-m", help="Methods; default every stored one except the ablations (see docs/protocol.md)."
+        ),
     ] = None,
-    dataset: Annotated[Optional[str], typer.Option("--dataset", "-d", help="Only these datasets' cells.")] = None,
+    dataset: Annotated[str | None, typer.Option("--dataset", "-d", help="Only these datasets' cells.")] = None,
     partition: PartitionOption = "metis",
     alpha: AlphaOption = 0.05,
     selection: SelectionOption = "global",
-    out: Annotated[Optional[Path], typer.Option(help="File stem; .png and .pdf are written.")] = None,
+    out: Annotated[Path | None, typer.Option(help="File stem; .png and .pdf are written.")] = None,
     set_: SetOption = None,
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,
@@ -1359,20 +1473,23 @@ def partitions(
     alpha: SchemeAlphaOption = None,
     clients: Annotated[int, typer.Option(help="Number of clients.")] = 10,
     export: Annotated[
-        Optional[Path], typer.Option(help="Write the partition's split manifest (gzip JSON with its sha256) to this file.")
+        Path | None,
+        typer.Option(help="Write the partition's split manifest (gzip JSON with its sha256) to this file."),
     ] = None,
     fmt: Annotated[
-        str, typer.Option("--format", "-f", help="terminal, or csv: the heterogeneity statistics per client and summarised.")
+        str,
+        typer.Option(
+            "--format", "-f", help="terminal, or csv: the heterogeneity statistics per client and summarised."
+        ),
     ] = "terminal",
     data_seed: Annotated[
-        Optional[int], typer.Option(help="Seed of the split and partition; default the protocol's fixed one.")
+        int | None, typer.Option(help="Seed of the split and partition; default the protocol's fixed one.")
     ] = None,
     data_dir: DataDirOption = None,
 ) -> None:
     """Per-client nodes, edges, split counts, labels and heterogeneity of one partition (docs/protocol.md)."""
-    import torch
-
     import pandas as pd
+    import torch
 
     from gfl_bench import heterogeneity
     from gfl_bench.partition import DEFAULT_DATA_SEED, check_clients, scheme_label
@@ -1463,7 +1580,9 @@ def methods(
         backbone = values.pop("backbone")
         space = " ".join(f"{k}∈{s.describe()}" for k, s in cls.Params.search_space.items())
         batched = "no" if per_client_fallbacks([spec]) else "yes"  # `--batched` / `--stack-seeds` batch it
-        t.add_row(name, cls.title, backbone, batched, cls.summary, " ".join(f"{k}={v}" for k, v in values.items()), space)
+        t.add_row(
+            name, cls.title, backbone, batched, cls.summary, " ".join(f"{k}={v}" for k, v in values.items()), space
+        )
     _show(t)
 
 

@@ -76,6 +76,7 @@ Choices and differences (docs/baselines/adafgl.md gives each with its reason):
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -92,8 +93,19 @@ from gfl_bench.dropout import dropout
 from gfl_bench.errors import UserError
 from gfl_bench.graph_ops import binary_adjacency, gcn_adjacency
 from gfl_bench.method import (
-    BACKBONE_SEARCH_SPACE, SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Setup, at_least, float_range,
-    log_range, non_negative, positive, unit_interval,
+    BACKBONE_SEARCH_SPACE,
+    SHARED_SEARCH_SPACE,
+    Message,
+    Method,
+    MethodParams,
+    Round,
+    Setup,
+    at_least,
+    float_range,
+    log_range,
+    non_negative,
+    positive,
+    unit_interval,
 )
 from gfl_bench.metrics import accuracy, roc_auc
 
@@ -193,7 +205,13 @@ def split_train(train_index: Tensor, generator: torch.Generator) -> tuple[Tensor
 
 
 def homophily_confidence(
-    operator: Tensor, y: Tensor, train_index: Tensor, num_classes: int, steps: int, alpha: float, generator: torch.Generator
+    operator: Tensor,
+    y: Tensor,
+    train_index: Tensor,
+    num_classes: int,
+    steps: int,
+    alpha: float,
+    generator: torch.Generator,
 ) -> Tensor:
     """HCS: accuracy of label propagation from half of the training labels on the other half (NaN if none held out)."""
     seeds, held = split_train(train_index, generator)
@@ -262,7 +280,7 @@ def refined_features(x: Tensor, adjacency: Tensor, q_unit: Tensor, alpha: float,
 def _mlp(in_dim: int, hidden: int, out_dim: int, layers: int) -> nn.ModuleList:
     """Linear layers in → hidden … → out, Xavier-uniform with ReLU gain and zero biases (official init)."""
     dims = [in_dim] + [hidden] * (layers - 1) + [out_dim]
-    linears = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+    linears = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(dims))
     for linear in linears:
         nn.init.xavier_uniform_(linear.weight, gain=nn.init.calculate_gain("relu"))
         nn.init.zeros_(linear.bias)
@@ -369,7 +387,9 @@ class SignedPropagation(nn.Module):
 class HeterophilousBranch(nn.Module):
     """O = MLP₃(X), M = MLP₃(S) (sharing one PReLU, official HetePropagateModel), Z = SignedPropagation(S)."""
 
-    def __init__(self, in_dim: int, smoothed_dim: int, hidden: int, num_classes: int, dropout: float, beta: float, above: float) -> None:
+    def __init__(
+        self, in_dim: int, smoothed_dim: int, hidden: int, num_classes: int, dropout: float, beta: float, above: float
+    ) -> None:
         super().__init__()
         self.local = _mlp(in_dim, hidden, num_classes, 3)
         self.smooth = _mlp(smoothed_dim, hidden, num_classes, 3)
@@ -377,7 +397,9 @@ class HeterophilousBranch(nn.Module):
         self.propagation = SignedPropagation(smoothed_dim, hidden, num_classes, dropout, beta, above)
         self.dropout = dropout
 
-    def forward(self, x: Tensor, smoothed: Tensor, q_unit: Tensor, similar_pairs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(
+        self, x: Tensor, smoothed: Tensor, q_unit: Tensor, similar_pairs: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
         local = _mlp_forward(self.local, x, self.activation, self.dropout, self.training)
         smooth = _mlp_forward(self.smooth, smoothed, self.activation, self.dropout, self.training)
         return local, smooth, self.propagation(smoothed, q_unit, similar_pairs)
@@ -496,7 +518,9 @@ class AdaFGLClient(FedAvgClient):
         ))  # fmt: skip
         refined = refine(self.graph, self.adjacency, extractor, p)
         self.personal = PersonalModel(refined, self.graph.x, self.hcs, p, setup.num_classes).to(setup.device)
-        self.personal_optimizer = torch.optim.Adam(self.personal.parameters(), lr=p.stage2_lr, weight_decay=p.stage2_weight_decay)
+        self.personal_optimizer = torch.optim.Adam(
+            self.personal.parameters(), lr=p.stage2_lr, weight_decay=p.stage2_weight_decay
+        )
         self.kept = extractor  # what `predict` returns; a client without training labels keeps the extractor's
         self.best_score = torch.tensor(float("-inf"), device=setup.device)
 
@@ -570,7 +594,9 @@ class AdaFGLServer(FedAvgServer):
 class AdaFGL(Method):
     name = "adafgl"
     title = "AdaFGL"
-    summary = "FedAvg extractor, then stage2_rounds of local work per client: HCS test, refined topology, one of two branches"
+    summary = (
+        "FedAvg extractor, then stage2_rounds of local work per client: HCS test, refined topology, one of two branches"
+    )
     Params = AdaFGLParams
     per_client_selection = ("keep_best_epoch", "true")  # the official per-client best epoch (`--selection per-client`)
     paper_preset_file = "adafgl.csv"  # the official stage-1 training values (hidden 64, wd 5e-4, 3 epochs, 100 rounds)

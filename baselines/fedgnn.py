@@ -42,10 +42,10 @@ client's model right after local training, on its own nodes of its (expanded) su
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections import defaultdict
 from collections.abc import Mapping
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np

@@ -55,8 +55,20 @@ from gfl_bench.backbones import Backbone
 from gfl_bench.errors import UserError
 from gfl_bench.graph_ops import binary_adjacency, gcn_adjacency
 from gfl_bench.method import (
-    SHARED_SEARCH_SPACE, Bound, Message, Method, MethodParams, Round, Server, Setup, at_least, choice, float_range,
-    int_range, positive, unit_interval,
+    SHARED_SEARCH_SPACE,
+    Bound,
+    Message,
+    Method,
+    MethodParams,
+    Round,
+    Server,
+    Setup,
+    at_least,
+    choice,
+    float_range,
+    int_range,
+    positive,
+    unit_interval,
 )  # fmt: skip
 from gfl_bench.training import TrainingClient
 
@@ -188,8 +200,12 @@ class FedGTAClient(TrainingClient):
         super().__init__(cid, graph, model, params, setup)
         # graph-only quantities, once per client: Â (GAMLP's prepare attaches it) and neighbour counts
         edge_index = graph.edge_index.cpu()
-        self.adjacency = graph.gcn_adj if "gcn_adj" in graph else gcn_adjacency(edge_index, graph.num_nodes).to(setup.device)
-        self.degree = binary_adjacency(edge_index, graph.num_nodes).crow_indices().diff().float().to(setup.device)  # [N]
+        self.adjacency = (
+            graph.gcn_adj if "gcn_adj" in graph else gcn_adjacency(edge_index, graph.num_nodes).to(setup.device)
+        )
+        self.degree = (
+            binary_adjacency(edge_index, graph.num_nodes).crow_indices().diff().float().to(setup.device)
+        )  # [N]
         self.moments: Tensor | None = None
         self.confidence: Tensor | None = None
 
@@ -207,7 +223,9 @@ class FedGTAClient(TrainingClient):
         y0 = seed_labels(self.predict().softmax(dim=1), self.graph.y, mask)  # [N, C]
         y = propagate_labels(self.adjacency, y0, mask, p.lp_alpha, p.lp_steps)
         raw, distilled = smoothed_outputs(y, y0, mask, p.temperature)
-        return moment_vector(raw.double(), p.moments, p.moment_type), smoothing_confidence(distilled.double(), self.degree)
+        return moment_vector(raw.double(), p.moments, p.moment_type), smoothing_confidence(
+            distilled.double(), self.degree
+        )
 
 
 class FedGTAServer(Server):

@@ -57,8 +57,21 @@ from gfl_bench.aggregation import load_model_state, model_state
 from gfl_bench.backbones import UniFilter, backbone_class
 from gfl_bench.errors import UserError
 from gfl_bench.method import (
-    SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, Setup, at_least, choice, float_range,
-    int_range, log_range, non_negative, positive, unit_interval,
+    SHARED_SEARCH_SPACE,
+    Message,
+    Method,
+    MethodParams,
+    Round,
+    Server,
+    Setup,
+    at_least,
+    choice,
+    float_range,
+    int_range,
+    log_range,
+    non_negative,
+    positive,
+    unit_interval,
 )  # fmt: skip
 from gfl_bench.training import TrainingClient
 
@@ -108,7 +121,9 @@ class FedICIParams(MethodParams):
     filter_lr: float = 0.005  # lr2, the filter weights' Adam lr; official default (per dataset 0.005-0.207)
     filter_weight_decay: float = 0.0  # wd2; official default (per dataset 0-0.05)
     principal_dims: int = 3  # q = k_principal, principal directions per subspace; official default (per dataset 1-9)
-    alpha: float = 0.25  # α = matrix_alpha, weight of heterophily-subspace similarity (penalised); official default (0-0.43)
+    alpha: float = (
+        0.25  # α = matrix_alpha, weight of heterophily-subspace similarity (penalised); official default (0-0.43)
+    )
     beta: float = 1.2  # β = matrix_beta, weight of homophily-subspace similarity (rewarded); official default (1.2-2.5)
     gamma: float = 1.0  # γ, the ‖w‖² regulariser of the graph learning; official default (per dataset 1-50)
     graph_rounds: int = 15  # rounds in which subspaces are sent and the client graphs learnt (official `round < 15`)
@@ -116,7 +131,9 @@ class FedICIParams(MethodParams):
 
     def __post_init__(self) -> None:
         if not issubclass(backbone_class(self.backbone), UniFilter):
-            raise UserError(f"FedICI trains UniFilter; backbone must be unifilter or unifilter-code, got {self.backbone!r}")
+            raise UserError(
+                f"FedICI trains UniFilter; backbone must be unifilter or unifilter-code, got {self.backbone!r}"
+            )
         if self.graph_rule not in GRAPH_RULES:
             raise UserError(f"graph_rule must be one of {', '.join(GRAPH_RULES)}, got {self.graph_rule!r}")
 
@@ -125,7 +142,9 @@ class FedICIParams(MethodParams):
 # Client side: principal subspaces of the bases
 
 
-def principal_directions(x: Tensor, q: int, generator: torch.Generator, iterations: int = 12, oversample: int = 10) -> Tensor:
+def principal_directions(
+    x: Tensor, q: int, generator: torch.Generator, iterations: int = 12, oversample: int = 10
+) -> Tensor:
     """The top-q right singular vectors of the column-centred x (PCA directions), as rows. [N, D] → [q, D].
 
     Block subspace iteration (Halko, Martinsson & Tropp 2011, Alg. 4.4) with q + `oversample` vectors
@@ -169,7 +188,9 @@ class Subspaces:
         }  # fmt: skip
 
 
-def client_subspaces(homophily_bases: Tensor, heterophily_bases: Tensor, q: int, generator: torch.Generator) -> Subspaces:
+def client_subspaces(
+    homophily_bases: Tensor, heterophily_bases: Tensor, q: int, generator: torch.Generator
+) -> Subspaces:
     """PCA subspaces of u_k and g_k (each [N, F]) and of [u_1 … u_K], [g_1 … g_K] ([N, K·F], level-major)."""
 
     def per_level(bases: Tensor) -> Tensor:
@@ -308,7 +329,9 @@ def one_newton_threshold(h: Tensor) -> Tensor:
     return (h - b.unsqueeze(1)).clamp(min=0.0)
 
 
-def learn_client_graph(graph: Tensor, homophily: Tensor, heterophily: Tensor, params: FedICIParams) -> tuple[Tensor, Tensor]:
+def learn_client_graph(
+    graph: Tensor, homophily: Tensor, heterophily: Tensor, params: FedICIParams
+) -> tuple[Tensor, Tensor]:
     """One graph update from the previous graph [M, M] and the clients' subspaces (P, Q each [M, q, D]).
 
     Returns (W_new [M, M], t [M, M]).
@@ -331,7 +354,9 @@ def learn_client_graph(graph: Tensor, homophily: Tensor, heterophily: Tensor, pa
     return new, t
 
 
-def personalised_states(states: list[dict[str, Tensor]], graph: Tensor, level_graphs: Tensor) -> list[dict[str, Tensor]]:
+def personalised_states(
+    states: list[dict[str, Tensor]], graph: Tensor, level_graphs: Tensor
+) -> list[dict[str, Tensor]]:
     """θ̃_i = Σ_j W_ij θ_j key by key; the filter weights' row 0 by W, row k ≥ 1 by W^(k). Not renormalised."""
     mixed: list[dict[str, Tensor]] = [{} for _ in states]
     for key in states[0]:
@@ -376,7 +401,9 @@ class FedICIServer(Server):
         homophily = torch.stack([s["homophily_levels"] for s in subspaces], dim=1).cpu()  # [K, M, q, F]
         heterophily = torch.stack([s["heterophily_levels"] for s in subspaces], dim=1).cpu()
         for k in range(self.params.levels):
-            self.level_graphs[k], _ = learn_client_graph(self.level_graphs[k], homophily[k], heterophily[k], self.params)
+            self.level_graphs[k], _ = learn_client_graph(
+                self.level_graphs[k], homophily[k], heterophily[k], self.params
+            )
         homophily_all = torch.stack([s["homophily_all"] for s in subspaces]).cpu()  # [M, q, K·F]
         heterophily_all = torch.stack([s["heterophily_all"] for s in subspaces]).cpu()
         self.graph, _ = learn_client_graph(self.graph, homophily_all, heterophily_all, self.params)
@@ -395,7 +422,9 @@ class FedICIServer(Server):
 class FedICI(Method):
     name = "fedici"
     title = "FedICI"
-    summary = "UniFilter weights and (first rounds) basis subspaces up; per-client mix by principal-angle client graphs down"
+    summary = (
+        "UniFilter weights and (first rounds) basis subspaces up; per-client mix by principal-angle client graphs down"
+    )
     Params = FedICIParams
     client = FedICIClient
     server = FedICIServer

@@ -64,7 +64,17 @@ from gfl_bench.aggregation import load_model_state, model_state
 from gfl_bench.backbones import ROUTING_KERNELS, DisenGCN
 from gfl_bench.errors import UserError
 from gfl_bench.method import (
-    SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, Setup, at_least, choice, int_range, log_range,
+    SHARED_SEARCH_SPACE,
+    Message,
+    Method,
+    MethodParams,
+    Round,
+    Server,
+    Setup,
+    at_least,
+    choice,
+    int_range,
+    log_range,
     positive,
 )  # fmt: skip
 from gfl_bench.training import TrainingClient
@@ -120,7 +130,9 @@ class FedIIHParams(MethodParams):
         if self.backbone != "disengcn":
             raise UserError(f"FedIIH trains its DisenGCN; backbone must be disengcn, got {self.backbone!r}")
         if self.routing_kernel not in ROUTING_KERNELS:
-            raise UserError(f"fediih.routing_kernel must be one of {', '.join(ROUTING_KERNELS)}; got {self.routing_kernel!r}")
+            raise UserError(
+                f"fediih.routing_kernel must be one of {', '.join(ROUTING_KERNELS)}; got {self.routing_kernel!r}"
+            )
 
 
 # ----------------------------------------------------------------------------- client: the variational step
@@ -225,7 +237,9 @@ class FedIIHClient(TrainingClient):
         for _ in range(self.setup.local_epochs):
             self.elbo_optimizer.zero_grad(set_to_none=True)
             mean, logvar = self.model.variational(self.graph)
-            loss = negative_elbo(mean, logvar, self.local_prior, self.global_prior, self.keys, self.params, self.generator)
+            loss = negative_elbo(
+                mean, logvar, self.local_prior, self.global_prior, self.keys, self.params, self.generator
+            )
             loss.backward()
             self.elbo_optimizer.step()
         return mean.detach().mean(0), logvar.detach().mean(0)

@@ -36,7 +36,9 @@ class FedProxClient(FedAvgClient):
 
     def penalty(self, parameters: Mapping[str, Tensor]) -> Tensor:
         """(mu/2) ||θ - θ_global||², over the parameters the server sent."""
-        proximal = sum((param - self.anchor[name]).pow(2).sum() for name, param in parameters.items() if name in self.anchor)
+        proximal = sum(
+            (param - self.anchor[name]).pow(2).sum() for name, param in parameters.items() if name in self.anchor
+        )
         return 0.5 * self.params.mu * proximal
 
     @classmethod
@@ -77,12 +79,12 @@ class _SquaredDistance(torch.autograd.Function):
     FedProx's peak memory above OpenFGL's. Both tensors share one memory layout (`_anchor_stack`)."""
 
     @staticmethod
-    def forward(ctx, stacked: Tensor, anchors: Tensor) -> Tensor:  # noqa: ANN001 - autograd's signature
+    def forward(ctx, stacked: Tensor, anchors: Tensor) -> Tensor:
         ctx.save_for_backward(stacked, anchors)
         return (stacked - anchors).pow_(2).sum()
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # noqa: ANN001
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
         stacked, anchors = ctx.saved_tensors
         return (stacked - anchors).mul_(2 * grad), None
 

@@ -52,7 +52,18 @@ from gfl_bench.backbones import GCN, register_backbone
 from gfl_bench.dropout import dropout
 from gfl_bench.errors import UserError
 from gfl_bench.method import (
-    SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, Setup, at_least, log_range, non_negative, positive, unit_interval,
+    SHARED_SEARCH_SPACE,
+    Message,
+    Method,
+    MethodParams,
+    Round,
+    Server,
+    Setup,
+    at_least,
+    log_range,
+    non_negative,
+    positive,
+    unit_interval,
 )
 from gfl_bench.training import TrainingClient
 
@@ -128,7 +139,9 @@ class FedPubParams(MethodParams):
     }  # fmt: skip
 
     backbone: str = "masked_gcn"
-    norm_scale: float = 10.0  # τ in exp(τ·cos); parser default (the scripts use 3 for Cora-10, 5 for Cora-30 overlapping)
+    norm_scale: float = (
+        10.0  # τ in exp(τ·cos); parser default (the scripts use 3 for Cora-10, 5 for Cora-30 overlapping)
+    )
     l1: float = 1e-3  # weight of the mask L1 term, and the pruning threshold
     loc_l2: float = 1e-3  # weight of the proximal term to the received personalised weights
     proxy_blocks: int = 5  # `n_proxy`

@@ -73,7 +73,17 @@ from gfl_bench.dropout import dropout
 from gfl_bench.errors import UserError
 from gfl_bench.graph_ops import binary_adjacency
 from gfl_bench.method import (
-    SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Setup, at_least, log_range, non_negative, positive, unit_interval,
+    SHARED_SEARCH_SPACE,
+    Message,
+    Method,
+    MethodParams,
+    Round,
+    Setup,
+    at_least,
+    log_range,
+    non_negative,
+    positive,
+    unit_interval,
 )
 
 

@@ -76,8 +76,18 @@ from gfl_bench.dropout import dropout
 from gfl_bench.errors import UserError
 from gfl_bench.graph_ops import csr_tensor, symmetric_normalized
 from gfl_bench.method import (
-    SHARED_SEARCH_SPACE, Message, Method, Round, Server, Setup, at_least, int_range, log_range, non_negative,
-    positive, unit_interval,
+    SHARED_SEARCH_SPACE,
+    Message,
+    Method,
+    Round,
+    Server,
+    Setup,
+    at_least,
+    int_range,
+    log_range,
+    non_negative,
+    positive,
+    unit_interval,
 )
 from gfl_bench.randomness import seeded
 from gfl_bench.training import TrainingClient
@@ -87,7 +97,9 @@ from gfl_bench.training import TrainingClient
 # ---------------------------------------------------------------------------------------------------
 
 
-def class_gaussians(mu: Tensor, var: Tensor, labels: Tensor, num_classes: int, floor: float) -> tuple[Tensor, Tensor, Tensor]:
+def class_gaussians(
+    mu: Tensor, var: Tensor, labels: Tensor, num_classes: int, floor: float
+) -> tuple[Tensor, Tensor, Tensor]:
     """Class-wise diagonal Gaussians from node posteriors N(mu_v, diag var_v) (rows = nodes).
 
     Moment matching of the class's mixture: μ^c = mean_v mu_v, Σ^c = mean_v var_v + mean_v (mu_v − μ^c)²
@@ -110,7 +122,12 @@ def gaussian_kl(mean_p: Tensor, var_p: Tensor, mean_q: Tensor, var_q: Tensor) ->
 
 
 def semantic_alignment_loss(
-    means: Tensor, variances: Tensor, counts: Tensor, target_means: Tensor, target_variances: Tensor, target_present: Tensor
+    means: Tensor,
+    variances: Tensor,
+    counts: Tensor,
+    target_means: Tensor,
+    target_variances: Tensor,
+    target_present: Tensor,
 ) -> Tensor:
     """L_sem = mean over the classes the client holds and its cluster represents of KL(local ‖ cluster)."""
     used = (counts > 0) & (target_present > 0)  # [C]
@@ -166,7 +183,9 @@ def cluster_clients(distances: Tensor, num_clusters: int) -> Tensor:
     return torch.tensor([renumber.setdefault(int(label), len(renumber)) for label in raw], dtype=torch.long)
 
 
-def cluster_distributions(labels: Tensor, means: Tensor, variances: Tensor, counts: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def cluster_distributions(
+    labels: Tensor, means: Tensor, variances: Tensor, counts: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
     """Each client's cluster-level representative class-wise Gaussians: [M, C, d], [M, C, d], present [M, C].
 
     For a cluster and a class c, the members j are weighted by π_j ∝ n_j^c:
@@ -271,7 +290,9 @@ class FedSSAParams(FedAvgParams):
         "variance_floor": positive(), "head_lr": positive(), "cluster_rounds": at_least(1),
     }  # fmt: skip
 
-    backbone: str = "unifilter"  # UniFilter, per-level-per-feature filter (FedICI's GFK); "unifilter-code": official bases
+    backbone: str = (
+        "unifilter"  # UniFilter, per-level-per-feature filter (FedICI's GFK); "unifilter-code": official bases
+    )
     levels: int = 10  # K; FedICI parser default (configs 3-16)
     tau: float = 0.95  # τ in b_k = τu_k + (1−τ)g_k; FedICI parser default (configs 0.53-0.998)
     hidden: int = 256  # FedICI `n_latentdims` default (configs 32-1024)
@@ -384,8 +405,12 @@ class FedSSAClient(TrainingClient):
             if params.elbo_weight > 0:
                 loss = loss + params.elbo_weight * self.elbo_terms(mu, var, labels, graph.x[index])
             if semantic:
-                means, variances, counts = class_gaussians(mu, var, labels, self.setup.num_classes, params.variance_floor)
-                loss = loss + params.semantic_weight * semantic_alignment_loss(means, variances, counts, *self.semantic_target)
+                means, variances, counts = class_gaussians(
+                    mu, var, labels, self.setup.num_classes, params.variance_floor
+                )
+                loss = loss + params.semantic_weight * semantic_alignment_loss(
+                    means, variances, counts, *self.semantic_target
+                )
         if params.structural_weight > 0 and self.energy_target is not None:
             energy = spectral_energy(self.model.level_weights, self.grams)
             loss = loss + params.structural_weight * ((energy - self.energy_target) ** 2).sum()
@@ -474,15 +499,26 @@ class FedSSAServer(Server):
             if len(previous) == len(ids):
                 gaps = [
                     semantic_alignment_loss(
-                        means[row], variances[row], counts[row], t["target_means"], t["target_variances"], t["target_present"]
+                        means[row],
+                        variances[row],
+                        counts[row],
+                        t["target_means"],
+                        t["target_variances"],
+                        t["target_present"],
                     )
                     for row, t in enumerate(previous)
                 ]
                 self.spread["semantic_gap"] = float(torch.stack(gaps).mean())
         if self.params.semantic_weight > 0:
-            target_means, target_variances, present = cluster_distributions(semantic.to(means.device), means, variances, counts)
+            target_means, target_variances, present = cluster_distributions(
+                semantic.to(means.device), means, variances, counts
+            )
             self.targets = {
-                cid: {"target_means": target_means[row], "target_variances": target_variances[row], "target_present": present[row]}
+                cid: {
+                    "target_means": target_means[row],
+                    "target_variances": target_variances[row],
+                    "target_present": present[row],
+                }
                 for row, cid in enumerate(ids)
             }
         self.changes = {

@@ -75,7 +75,16 @@ from gfl_bench.aggregation import client_weights, load_model_state, model_state,
 from gfl_bench.backbones import Backbone, backbone_class, build_backbone
 from gfl_bench.errors import UserError
 from gfl_bench.method import (
-    BACKBONE_SEARCH_SPACE, SHARED_SEARCH_SPACE, Message, Method, Round, Setup, at_least, log_range, non_negative, positive,
+    BACKBONE_SEARCH_SPACE,
+    SHARED_SEARCH_SPACE,
+    Message,
+    Method,
+    Round,
+    Setup,
+    at_least,
+    log_range,
+    non_negative,
+    positive,
     unit_interval,
 )
 
@@ -168,11 +177,15 @@ def landing_probabilities(edge_index: Tensor, num_nodes: int, steps: int, rows: 
         for _ in range((steps + 1) // 2):
             powers.append((powers[-1] @ s).tocsr())
         for i in range(1, steps + 1):
-            out[start : start + len(chunk), i - 1] = np.asarray(powers[(i + 1) // 2].multiply(powers[i // 2]).sum(axis=1)).ravel()
+            out[start : start + len(chunk), i - 1] = np.asarray(
+                powers[(i + 1) // 2].multiply(powers[i // 2]).sum(axis=1)
+            ).ravel()
     return torch.from_numpy(out).float()
 
 
-def walk_embedding(edge_index: Tensor, num_nodes: int, steps: int, generator: torch.Generator, elementwise: bool) -> Tensor:
+def walk_embedding(
+    edge_index: Tensor, num_nodes: int, steps: int, generator: torch.Generator, elementwise: bool
+) -> Tensor:
     """The official embedding: for each length 1..steps, one walk per node; the visited node ids.
 
     Each walk starts at its node. `elementwise=False`: a step goes to a uniform member of the node's
@@ -335,13 +348,17 @@ class FedTADServer(FedAvgServer):
         # Server-only modules come from their own seed, so the clients' RNG stream is untouched.
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(setup.seed + 7919)
-            self.generator = PseudoGraphGenerator(params.noise_dim, setup.num_classes, setup.num_features, params.gen_dropout)
+            self.generator = PseudoGraphGenerator(
+                params.noise_dim, setup.num_classes, setup.num_features, params.gen_dropout
+            )
             self.teachers = [self.new_teacher() for _ in range(setup.num_clients)]
         self.generator.to(device)
         self.noise = torch.Generator().manual_seed(setup.seed + 104_729)
         self.labels = pseudo_labels(params.num_gen, setup.num_classes, device)
         decay = params.server_weight_decay
-        self.generator_optimizer = torch.optim.Adam(self.generator.parameters(), params.gen_lr, weight_decay=decay, foreach=True)
+        self.generator_optimizer = torch.optim.Adam(
+            self.generator.parameters(), params.gen_lr, weight_decay=decay, foreach=True
+        )
         # The global model's Adam is kept across rounds: `average` copies into the same parameters.
         self.optimizer = torch.optim.Adam(self.model.parameters(), params.distill_lr, weight_decay=decay, foreach=True)
         self.last: dict[str, Tensor] = {}  # the round's last values, read from the device once (`diagnostics`)
@@ -455,4 +472,3 @@ class FedTAD(Method):
             return None
         fields = {f.name for f in dataclasses.fields(FedAvgParams)}
         return "fedavg", {k: v for k, v in dataclasses.asdict(params).items() if k in fields}
-

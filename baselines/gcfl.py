@@ -43,7 +43,17 @@ from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
 from gfl_bench.backbones import Backbone
 from gfl_bench.errors import UserError
 from gfl_bench.method import (
-    BACKBONE_SEARCH_SPACE, SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, Setup, at_least, log_range, non_negative,
+    BACKBONE_SEARCH_SPACE,
+    SHARED_SEARCH_SPACE,
+    Message,
+    Method,
+    MethodParams,
+    Round,
+    Server,
+    Setup,
+    at_least,
+    log_range,
+    non_negative,
 )
 from gfl_bench.training import TrainingClient
 
@@ -65,7 +75,12 @@ class GCFLParams(MethodParams):
         "eps2": log_range(0.1, 4.0),
     }  # fmt: skip
 
-    bounds = {"eps1": non_negative(), "eps2": non_negative(), "warmup_rounds": non_negative(), "seq_length": at_least(1)}
+    bounds = {
+        "eps1": non_negative(),
+        "eps2": non_negative(),
+        "warmup_rounds": non_negative(),
+        "seq_length": at_least(1),
+    }
 
     backbone: str = "gcn"  # paper B.6: 2-layer GCN + classifier
     # Split thresholds. The official 0.05 / 0.1 (GIN, graph classification, Adam lr 1e-3) never
@@ -205,7 +220,9 @@ class GCFLServer(Server):
             weights += [shared] * len(parts)
         self.norms["min_cluster_mean_norm"] = min(splittable, default=float("inf"))
         self.clusters = clusters
-        self.cluster_weights = [self.add_mean_update(shared, members, uploads) for members, shared in zip(clusters, weights)]
+        self.cluster_weights = [
+            self.add_mean_update(shared, members, uploads) for members, shared in zip(clusters, weights)
+        ]
 
     def split(self, rnd: Round, members: list[int], updates: Tensor) -> list[list[int]]:
         """`[members]` unchanged, or the two halves of the minimum cut when the criterion holds."""
@@ -222,7 +239,9 @@ class GCFLServer(Server):
         return list(min_cut_bipartition(distances.max() - distances, members))
 
     @staticmethod
-    def add_mean_update(shared: dict[str, Tensor], members: list[int], uploads: Mapping[int, Message]) -> dict[str, Tensor]:
+    def add_mean_update(
+        shared: dict[str, Tensor], members: list[int], uploads: Mapping[int, Message]
+    ) -> dict[str, Tensor]:
         """W_c + sum_i n_i dW_i / sum_i n_i over the cluster's members (official `reduce_add_average`)."""
         sizes = torch.stack([uploads[cid]["num_train"] for cid in members]).float().clamp(min=1)
         mean = weighted_mean([uploads[cid]["update"] for cid in members], sizes)

@@ -45,7 +45,13 @@ def main() -> None:
     data = DataCache(root, root / "partitions").federated(args.dataset, "metis", args.clients, 1234)
     spec = make_spec(args.method, args.dataset, "metis", args.clients, 0, {}, args.rounds, args.local_epochs)
     clock = RoundClock()
-    record = run(spec, data, resolve_device("cpu"), on_round=lambda *_: clock.mark(), **({"batched": True} if args.batched else {}))
+    record = run(
+        spec,
+        data,
+        resolve_device("cpu"),
+        on_round=lambda *_: clock.mark(),
+        **({"batched": True} if args.batched else {}),
+    )
     rounds = {kind: statistics.median(seconds[3:]) for kind, seconds in clock.rounds().items()}  # rounds 4 onwards
     path = "batched" if args.batched else "per-client"
     print(

@@ -55,7 +55,9 @@ def main() -> None:
                         f"{args.repeats} repeats per path (evaluation included)",
                   caption=f"{device_name(device)} ({device}), {torch.get_num_threads()} thread(s), {platform.node()}")  # fmt: skip
     for method in args.methods.split(","):
-        spec = make_spec(method, args.dataset, "metis", args.clients, 0, rounds=args.rounds, local_epochs=args.local_epochs)
+        spec = make_spec(
+            method, args.dataset, "metis", args.clients, 0, rounds=args.rounds, local_epochs=args.local_epochs
+        )
         wall: dict[bool, list[float]] = {False: [], True: []}
         cpu: dict[bool, float] = {False: 0.0, True: 0.0}
         execution = ""

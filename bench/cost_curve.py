@@ -73,7 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", action="append", default=[], help="method.key=value override")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--cell-timeout", type=float, default=300, help="seconds a cell's rounds may take before it is stopped")
+    parser.add_argument(
+        "--cell-timeout", type=float, default=300, help="seconds a cell's rounds may take before it is stopped"
+    )
     parser.add_argument("--load-timeout", type=float, default=900, help="seconds loading and partitioning may take")
     parser.add_argument("--out", type=Path, help="merge the rows into this CSV (bench/round_times.csv)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -156,7 +158,11 @@ def _worker(args: argparse.Namespace) -> None:
     skip = 1 if args.rounds > 1 else 0
     phases = {p: statistics.median(record["seconds_per_phase"][p][skip:]) for p in PHASES}
     with_evaluation = [s + e for s, e in zip(record["seconds_per_round"], record["seconds_per_phase"]["evaluate"])]
-    peak = record["peak_memory_bytes"] if device.type == "cuda" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = (
+        record["peak_memory_bytes"]
+        if device.type == "cuda"
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    )
     result = {"phases": phases, "round": statistics.median(with_evaluation[skip:]), "first": with_evaluation[0],
               "peak_mb": peak / 2**20, "load": load, "nodes": sum(g.num_nodes for g in data.graphs), "rounds": args.rounds}  # fmt: skip
     print(RESULT_MARK + json.dumps(result), flush=True)
@@ -199,7 +205,11 @@ def print_tables(cells: list[tuple[str, str, dict]], machine: str, args: argpars
             continue
         base = first.setdefault(method, r)
         ratios = [r["phases"][p] / base["phases"][p] if base["phases"][p] > 0 else float("nan") for p in PHASES]
-        print(f"| {method} | {dataset} | " + " | ".join(f"{x:.1f}×" for x in ratios) + f" | {r['round'] / base['round']:.1f}× |")
+        print(
+            f"| {method} | {dataset} | "
+            + " | ".join(f"{x:.1f}×" for x in ratios)
+            + f" | {r['round'] / base['round']:.1f}× |"
+        )
 
 
 if __name__ == "__main__":

@@ -50,7 +50,11 @@ def block_diagonal(blocks: list[torch.Tensor]) -> torch.Tensor:
         cols.append(coo.indices()[1] + m * padded)
         values.append(coo.values())
     size = len(blocks) * padded
-    return torch.sparse_coo_tensor(torch.stack([torch.cat(rows), torch.cat(cols)]), torch.cat(values), (size, size)).coalesce().to_sparse_csr()
+    return (
+        torch.sparse_coo_tensor(torch.stack([torch.cat(rows), torch.cat(cols)]), torch.cat(values), (size, size))
+        .coalesce()
+        .to_sparse_csr()
+    )
 
 
 def compare(matrix: torch.Tensor, hidden: int, repeats: int, inner: int) -> tuple[float, float, bool]:
@@ -66,7 +70,9 @@ def compare(matrix: torch.Tensor, hidden: int, repeats: int, inner: int) -> tupl
         for _ in range(inner):
             torch.autograd.grad(operator_product(matrix, x), x, grad)
 
-    same = torch.equal(torch.autograd.grad(matrix @ x, x, grad)[0], torch.autograd.grad(operator_product(matrix, x), x, grad)[0])
+    same = torch.equal(
+        torch.autograd.grad(matrix @ x, x, grad)[0], torch.autograd.grad(operator_product(matrix, x), x, grad)[0]
+    )
     a, b = [], []
     for _ in range(repeats):
         a.append(cpu_ms(torch_way, 1) / inner)
@@ -87,7 +93,9 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     data = DataCache(None, None).federated(args.dataset, "metis", args.clients, 1234)
-    print(f"machine: {platform.processor() or platform.machine()}, {platform.node()}, 1 thread, torch {torch.__version__}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {platform.node()}, 1 thread, torch {torch.__version__}"
+    )
     graphs = data.graphs
     kinds = {
         "gcn": [gcn_adjacency(g.edge_index, g.num_nodes) for g in graphs],
@@ -102,14 +110,20 @@ def main() -> None:
     for cid, operator in enumerate(kinds["gcn"]):
         slow, fast, same = compare(operator, args.hidden, args.repeats, args.inner)
         saved_per_round += 2 * (slow - fast)  # two GCN layers, one local epoch
-        print(f"gcn client {cid:<8d} {operator.shape[0]:6d} {operator.values().numel():6d} {slow:9.3f} {fast:10.3f} {slow - fast:9.3f}  {same}")
+        print(
+            f"gcn client {cid:<8d} {operator.shape[0]:6d} {operator.values().numel():6d} {slow:9.3f} {fast:10.3f} {slow - fast:9.3f}  {same}"
+        )
     packed = block_diagonal(kinds["gcn"])
     slow, fast, same = compare(packed, args.hidden, args.repeats, max(args.inner // 5, 1))
-    print(f"gcn block-diagonal {packed.shape[0]:6d} {packed.values().numel():6d} {slow:9.3f} {fast:10.3f} {slow - fast:9.3f}  {same}")
+    print(
+        f"gcn block-diagonal {packed.shape[0]:6d} {packed.values().numel():6d} {slow:9.3f} {fast:10.3f} {slow - fast:9.3f}  {same}"
+    )
     per_client = round_seconds(args, data, batched=False)
-    print(f"FedAvg per-client round (CPU s, median of rounds 2-{args.rounds - 1}): {per_client:.4f}; kept transposes "
-          f"would save {1e-3 * saved_per_round:.5f} s of it ({100 * 1e-3 * saved_per_round / per_client:.1f} %; "
-          f"its products are PyG's GCNConv, in backbones.py)")
+    print(
+        f"FedAvg per-client round (CPU s, median of rounds 2-{args.rounds - 1}): {per_client:.4f}; kept transposes "
+        f"would save {1e-3 * saved_per_round:.5f} s of it ({100 * 1e-3 * saved_per_round / per_client:.1f} %; "
+        f"its products are PyG's GCNConv, in backbones.py)"
+    )
     # The batched path multiplies through graph_ops.operator_product: timed as it is and with torch's own
     # backward (the product patched back to `@`), interleaved.
     import gfl_bench.batched as batched
@@ -141,6 +155,7 @@ def round_seconds(args: argparse.Namespace, data: object, batched: bool) -> floa
     spec = make_spec("fedavg", args.dataset, "metis", args.clients, 0, rounds=args.rounds)
     run(spec, data, torch.device("cpu"), on_round=on_round, batched=batched)
     return statistics.median(seconds[2:])
+
 
 if __name__ == "__main__":
     main()

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import math
 import os
 import signal
@@ -82,11 +83,15 @@ def stand_in(dataset: str) -> Data:
     """A generated graph of `dataset`'s Table 3 size: tiny_graph's block graph with its ring kept and the other
     edges thinned (uniformly, fixed seed) to the undirected edge count."""
     nodes, edges, classes, features = TABLE3[dataset]
-    graph = tiny_graph(num_nodes=nodes, num_classes=classes, num_features=features, degree=max(1, math.ceil(edges / nodes) - 1))
+    graph = tiny_graph(
+        num_nodes=nodes, num_classes=classes, num_features=features, degree=max(1, math.ceil(edges / nodes) - 1)
+    )
     pairs = graph.edge_index[:, graph.edge_index[0] < graph.edge_index[1]]
     ring = (pairs[1] - pairs[0] == 1) | ((pairs[0] == 0) & (pairs[1] == nodes - 1))
     others = (~ring).nonzero().view(-1)
-    keep = others[torch.randperm(len(others), generator=torch.Generator().manual_seed(0))[: max(0, edges - int(ring.sum()))]]
+    keep = others[
+        torch.randperm(len(others), generator=torch.Generator().manual_seed(0))[: max(0, edges - int(ring.sum()))]
+    ]
     graph.edge_index = to_undirected(torch.cat([pairs[:, ring], pairs[:, keep]], 1), num_nodes=nodes)
     return graph
 
@@ -129,8 +134,8 @@ def time_cell(method: str, dataset: str, scheme: str, clients: int, cache: Stand
     finally:
         signal.setitimer(signal.ITIMER_PROF, 0)
         signal.signal(signal.SIGPROF, previous)
-    wall_rounds = [b - a for a, b in zip(wall, wall[1:])]
-    cpu_rounds = wall_rounds if device.type == "cuda" else [b - a for a, b in zip(cpu, cpu[1:])]
+    wall_rounds = [b - a for a, b in itertools.pairwise(wall)]
+    cpu_rounds = wall_rounds if device.type == "cuda" else [b - a for a, b in itertools.pairwise(cpu)]
     timed = len(cpu_rounds) - 1
     if timed >= 1:
         seconds, wall_seconds = statistics.median(cpu_rounds[1:]), statistics.median(wall_rounds[1:])
@@ -179,7 +184,11 @@ def main() -> None:
         with args.out.open() as handle:
             rows = [r for r in csv.DictReader(handle) if r["device"] == torch.device(args.device).type]
         done = {(r["method"], r["dataset"], r["scheme"], int(r["clients"])) for r in rows}
-        cora = {r["method"]: float(r["seconds_per_round"]) for r in rows if (r["dataset"], r["scheme"], int(r["clients"])) == (RATIO_DATASET, *BASE)}
+        cora = {
+            r["method"]: float(r["seconds_per_round"])
+            for r in rows
+            if (r["dataset"], r["scheme"], int(r["clients"])) == (RATIO_DATASET, *BASE)
+        }
     methods = sorted(methods, key=lambda m: cora.get(m, math.inf))
     todo = [cell for cell in cells(methods) if cell not in done]
     device = torch.device(args.device)
@@ -195,8 +204,12 @@ def main() -> None:
         limit = min(args.max_limit, max(args.min_limit, left / (len(todo) - index)))
         try:
             row = time_cell(method, dataset, scheme, clients, cache, args.rounds, limit, device)
-        except Exception as error:  # noqa: BLE001 - one method's failure is printed; the other cells still run
-            print(f"{method} {dataset} {scheme}-{clients}: FAILED: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        except Exception as error:
+            print(
+                f"{method} {dataset} {scheme}-{clients}: FAILED: {type(error).__name__}: {error}",
+                file=sys.stderr,
+                flush=True,
+            )
             continue
         row["machine"] = machine
         new = not args.out.is_file()

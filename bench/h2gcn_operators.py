@@ -15,10 +15,10 @@ import argparse
 import platform
 
 import torch
+from timing import forward_backward_ms
 
 from gfl_bench.graph_ops import dense_if_no_larger, h2gcn_adjacencies
 from gfl_bench.runner import DataCache, resolve_device
-from timing import forward_backward_ms
 
 
 def product_ms(operator: torch.Tensor, x: torch.Tensor, repeats: int) -> float:
@@ -50,7 +50,9 @@ def main() -> None:
             csr_ms = product_ms(sparse.to(device), x, args.repeats)
             dense_ms = product_ms(sparse.to_dense().to(device), x, args.repeats)
             density = sparse.values().numel() / n**2
-            print(f"{name:16s} {cid:6d} {n:6d} {density:14.3f} {chosen:>7s} {csr_ms:7.1f} {dense_ms:9.1f} {csr_ms / dense_ms:10.2f}")
+            print(
+                f"{name:16s} {cid:6d} {n:6d} {density:14.3f} {chosen:>7s} {csr_ms:7.1f} {dense_ms:9.1f} {csr_ms / dense_ms:10.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -67,7 +67,13 @@ from pathlib import Path
 import torch
 from timing import RoundClock
 
-OURS_TO_THEIRS = {"fedavg": "fedavg", "fedprox": "fedprox", "fedpub": "fedpub", "fedsage+": "fedsage_plus", "fedtad": "fedtad"}
+OURS_TO_THEIRS = {
+    "fedavg": "fedavg",
+    "fedprox": "fedprox",
+    "fedpub": "fedpub",
+    "fedsage+": "fedsage_plus",
+    "fedtad": "fedtad",
+}
 RESULT_MARK = "PEER-RESULT "
 
 
@@ -93,7 +99,9 @@ def main() -> None:
             shutil.rmtree(root, ignore_errors=True)
     print_table(args, methods, results)
     if args.json:  # every round of every cell, for a split the table does not show (FedSage+'s phases)
-        Path(args.json).write_text(json.dumps({f"{side} {method}": r for (side, method), r in results.items()}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({f"{side} {method}": r for (side, method), r in results.items()}, indent=1)
+        )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -109,10 +117,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (both sides)")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--batched", action="store_true", help="gflbench side: train a batchable method's clients together")
+    parser.add_argument(
+        "--batched", action="store_true", help="gflbench side: train a batchable method's clients together"
+    )
     parser.add_argument("--timeout", type=float, default=900, help="seconds per measurement process")
     parser.add_argument("--openfgl", default="", help="an OpenFGL clone to put on sys.path (else: the installed one)")
-    parser.add_argument("--root", default="", help="OpenFGL's dataset root (default: a temporary folder, removed after)")
+    parser.add_argument(
+        "--root", default="", help="OpenFGL's dataset root (default: a temporary folder, removed after)"
+    )
     parser.add_argument("--json", default="", help="also write every round's times to this JSON file")
     parser.add_argument("--worker", choices=("gflbench", "openfgl"), help=argparse.SUPPRESS)
     parser.add_argument("--method", help=argparse.SUPPRESS)
@@ -277,9 +289,13 @@ def install_stubs() -> list[str]:
         "munkres": {"Munkres": unused("munkres.Munkres")},
         "sknetwork": {"clustering": types.SimpleNamespace(Louvain=unused("sknetwork.clustering.Louvain"))},
         "torch_scatter": {"scatter_add": scatter_add},
-        "torch_sparse": {"SparseTensor": SparseTensor, "fill_diag": unused("torch_sparse.fill_diag"),
-                         "matmul": unused("torch_sparse.matmul"), "mul": unused("torch_sparse.mul"),
-                         "sum": unused("torch_sparse.sum")},  # fmt: skip
+        "torch_sparse": {
+            "SparseTensor": SparseTensor,
+            "fill_diag": unused("torch_sparse.fill_diag"),
+            "matmul": unused("torch_sparse.matmul"),
+            "mul": unused("torch_sparse.mul"),
+            "sum": unused("torch_sparse.sum"),
+        },
     }
     stubbed = []
     for name, attributes in stubs.items():

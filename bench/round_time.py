@@ -61,7 +61,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="merge one row per method into this CSV (bench/round_times.csv)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--batched", action="store_true", help="train batchable methods' clients together (gfl_bench/batched.py)")
+    parser.add_argument(
+        "--batched", action="store_true", help="train batchable methods' clients together (gfl_bench/batched.py)"
+    )
     parser.add_argument("--sparse-features", action="store_true", help="first layer from a CSR copy of the features")
     args = parser.parse_args()
 
@@ -88,7 +90,7 @@ def main() -> None:
                          local_epochs=args.local_epochs)  # fmt: skip
         try:
             record = run(spec, data, device, batched=args.batched, sparse_features=args.sparse_features)
-        except Exception as error:  # noqa: BLE001 - one method's crash is reported; the others still run
+        except Exception as error:
             failed[method] = f"{type(error).__name__}: {error}"
             print(f"{method}: FAILED: {failed[method]}", file=sys.stderr, flush=True)
             continue

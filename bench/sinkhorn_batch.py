@@ -43,13 +43,17 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
     templates = random_templates(args.Q, args.hidden, generator)
-    print(f"{platform.machine()} ({platform.processor() or 'cpu'}), {args.threads} thread(s); B={args.B}, Q={args.Q}, reg={args.reg}")
+    print(
+        f"{platform.machine()} ({platform.processor() or 'cpu'}), {args.threads} thread(s); B={args.B}, Q={args.Q}, reg={args.reg}"
+    )
     print("clients | per client, ms/round | batched, ms/round | per client / batched")
     for count in (int(c) for c in args.clients.split(",")):
-        measures = torch.nn.functional.normalize(torch.randn(count, args.B, 2, args.hidden, generator=generator), dim=-1)
+        measures = torch.nn.functional.normalize(
+            torch.randn(count, args.B, 2, args.hidden, generator=generator), dim=-1
+        )
         costs = torch.stack([two_point_wasserstein(m, templates) for m in measures.unbind(0)])
-        alone = median_ms(lambda: [sinkhorn_assignment(c, args.reg) for c in costs.unbind(0)], args.repeats)
-        together = median_ms(lambda: sinkhorn_assignments(costs, args.reg), args.repeats)
+        alone = median_ms(lambda costs=costs: [sinkhorn_assignment(c, args.reg) for c in costs.unbind(0)], args.repeats)
+        together = median_ms(lambda costs=costs: sinkhorn_assignments(costs, args.reg), args.repeats)
         print(f"{count:7d} | {alone:20.2f} | {together:17.2f} | {alone / together:.2f}×")
 
 

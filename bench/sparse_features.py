@@ -14,15 +14,17 @@ import argparse
 import platform
 
 import torch
+from timing import forward_backward_ms
 
 from gfl_bench.runner import DataCache, resolve_device
-from timing import forward_backward_ms
 
 
 def layer_ms(x: torch.Tensor, weight: torch.Tensor, repeats: int) -> float:
     """Median ms of y = x Wᵀ and the backward pass into W."""
     dense = not x.is_sparse and x.layout == torch.strided
-    return forward_backward_ms(lambda: x @ weight.T if dense else torch.sparse.mm(x, weight.T), weight, repeats, warmup=3)
+    return forward_backward_ms(
+        lambda: x @ weight.T if dense else torch.sparse.mm(x, weight.T), weight, repeats, warmup=3
+    )
 
 
 def main() -> None:
@@ -47,7 +49,9 @@ def main() -> None:
         coo = layer_ms(x.to_sparse(), weight, args.repeats)
         csr = layer_ms(x.to_sparse_csr(), weight, args.repeats)
         density = float((x != 0).float().mean())
-        print(f"{name:8s} {x.shape[0]:6d} {x.shape[1]:8d} {density:8.4f} {dense:9.2f} {coo:7.2f} {csr:7.2f} {dense / csr:9.2f}")
+        print(
+            f"{name:8s} {x.shape[0]:6d} {x.shape[1]:8d} {density:8.4f} {dense:9.2f} {coo:7.2f} {csr:7.2f} {dense / csr:9.2f}"
+        )
 
 
 if __name__ == "__main__":

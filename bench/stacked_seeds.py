@@ -50,15 +50,19 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     data = DataCache(None, None).federated(args.dataset, "metis", args.clients, 1234)
-    print(f"machine: {platform.processor() or platform.machine()}, {args.threads} thread(s), device {device}; "
-          f"{args.dataset} METIS-{args.clients}, {args.rounds} rounds, evaluation included")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {args.threads} thread(s), device {device}; "
+        f"{args.dataset} METIS-{args.clients}, {args.rounds} rounds, evaluation included"
+    )
     print("method   S  s/run-round  per-client s/run-round  per-client ÷ stacked")
     for method in args.methods.split(","):
         spec = make_spec(method, args.dataset, "metis", args.clients, 0, rounds=args.rounds)
         run(make_spec(method, args.dataset, "metis", args.clients, 0, rounds=2), data, device, batched=True)  # warm-up
         per_client = seconds_per_run_round([spec], data, device, batched=False)
         for size in (int(s) for s in args.stack.split(",")):
-            specs = [make_spec(method, args.dataset, "metis", args.clients, seed, rounds=args.rounds) for seed in range(size)]
+            specs = [
+                make_spec(method, args.dataset, "metis", args.clients, seed, rounds=args.rounds) for seed in range(size)
+            ]
             stacked = seconds_per_run_round(specs, data, device, batched=True)
             print(f"{method:8s} {size:2d} {stacked:12.4f} {per_client:23.4f} {per_client / stacked:21.2f}")
 

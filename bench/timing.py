@@ -43,4 +43,7 @@ class RoundClock:
         self.cpu.append(time.process_time())
 
     def rounds(self) -> dict[str, list[float]]:
-        return {"seconds": [b - a for a, b in zip(self.wall, self.wall[1:])], "cpu": [b - a for a, b in zip(self.cpu, self.cpu[1:])]}
+        return {
+            "seconds": [b - a for a, b in zip(self.wall, self.wall[1:])],
+            "cpu": [b - a for a, b in zip(self.cpu, self.cpu[1:])],
+        }

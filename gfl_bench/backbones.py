@@ -6,6 +6,7 @@ declares the graph operators it needs (`prepare`), computed once per client befo
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -19,7 +20,14 @@ from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from gfl_bench.dropout import dropout
 from gfl_bench.errors import UserError
-from gfl_bench.graph_ops import EdgeOperators, binary_adjacency, edge_dots, edge_weighted_sum, gcn_adjacency, h2gcn_adjacencies
+from gfl_bench.graph_ops import (
+    EdgeOperators,
+    binary_adjacency,
+    edge_dots,
+    edge_weighted_sum,
+    gcn_adjacency,
+    h2gcn_adjacencies,
+)
 
 
 def input_layer(graph: Data, linear: nn.Module) -> Tensor:
@@ -83,7 +91,10 @@ class GCN(Backbone):
             graph.gcn_adj = gcn_adjacency(graph.edge_index, graph.num_nodes)
 
     def embed(self, graph: Data) -> Tensor:
-        h = F.relu(self.conv1.propagate(graph.gcn_adj, x=input_layer(graph, self.conv1.lin), edge_weight=None) + self.conv1.bias)
+        h = F.relu(
+            self.conv1.propagate(graph.gcn_adj, x=input_layer(graph, self.conv1.lin), edge_weight=None)
+            + self.conv1.bias
+        )
         h = dropout(h, self.dropout, self.training)
         return self.conv2(h, graph.gcn_adj)
 
@@ -172,7 +183,9 @@ EGO_ACTIVATIONS = {"relu": F.relu, "tanh": torch.tanh, "elu": F.elu}
 
 
 def _h2gcn_with(activation: str) -> type[H2GCN]:
-    return type(f"H2GCN_{activation}", (H2GCN,), {"activation": activation, "__doc__": f"H2GCN, ego activation {activation}."})
+    return type(
+        f"H2GCN_{activation}", (H2GCN,), {"activation": activation, "__doc__": f"H2GCN, ego activation {activation}."}
+    )
 
 
 BACKBONES: dict[str, type[Backbone]] = {
@@ -230,14 +243,16 @@ class GAMLP(Backbone):
     default_steps: ClassVar[int] = 3  # official prop_steps
     default_layers: ClassVar[int] = 3  # official num_layers
 
-    def __init__(self, in_dim: int, hidden: int, num_classes: int, dropout: float, steps: int = 3, layers: int = 3) -> None:
+    def __init__(
+        self, in_dim: int, hidden: int, num_classes: int, dropout: float, steps: int = 3, layers: int = 3
+    ) -> None:
         super().__init__(in_dim, hidden, num_classes, dropout)
         if steps < 0 or layers < 2:
             raise UserError(f"GAMLP needs gamlp_steps >= 0 and gamlp_layers >= 2, got {steps} and {layers}")
         self.steps = steps
         self.hop_attention = nn.Linear((steps + 2) * in_dim, 1)  # a, b over [X⁽⁰⁾ ∥ … ∥ X⁽ᴷ⁾ ∥ X⁽ᵏ⁾]
         widths = [in_dim] + [hidden] * (layers - 1)
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths[:-1], widths[1:]))
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(widths))
         self.act = nn.PReLU()
         self.classifier = nn.Linear(hidden, num_classes)
         for linear in (*self.layers, self.classifier):
@@ -298,7 +313,9 @@ def unifilter_adjacency(edge_index: Tensor, num_nodes: int, dtype: torch.dtype =
     return torch.sparse_coo_tensor(pairs, values, (num_nodes, num_nodes)).coalesce().to_sparse_csr()
 
 
-def train_homophily(edge_index: Tensor, y: Tensor, train_mask: Tensor, rule: str = "paper", empty: float = 0.75) -> float:
+def train_homophily(
+    edge_index: Tensor, y: Tensor, train_mask: Tensor, rule: str = "paper", empty: float = 0.75
+) -> float:
     """ĥ: the edge homophily among edges whose both ends are training nodes (labels of train nodes only).
 
     Edges are counted in both directions, self-loops dropped. `rule="code"` reproduces FedGSP's
@@ -307,7 +324,9 @@ def train_homophily(edge_index: Tensor, y: Tensor, train_mask: Tensor, rule: str
     """
     row, col = edge_index
     keep = row != col
-    pairs = torch.unique(torch.cat([torch.stack([row[keep], col[keep]]), torch.stack([col[keep], row[keep]])], 1), dim=1)
+    pairs = torch.unique(
+        torch.cat([torch.stack([row[keep], col[keep]]), torch.stack([col[keep], row[keep]])], 1), dim=1
+    )
     src, dst = pairs
     train = train_mask.bool()
     source_ok = src < int(train.sum()) if rule == "code" else train[src]
@@ -417,7 +436,7 @@ class UniFilter(Backbone):
         self.filter_dropout = filter_dropout
         self.level_weights = nn.Parameter(torch.full((levels + 1, in_dim), 1.0 / (levels + 1)))  # [K+1, F]
         widths = [in_dim] + [hidden] * (mlp_layers - 1)
-        self.layers = nn.ModuleList(nn.Linear(a, b, bias=False) for a, b in zip(widths[:-1], widths[1:]))
+        self.layers = nn.ModuleList(nn.Linear(a, b, bias=False) for a, b in itertools.pairwise(widths))
         self.classifier = nn.Linear(hidden, num_classes, bias=False)
         for linear in [*self.layers, self.classifier]:
             bound = 1.0 / math.sqrt(linear.out_features)
@@ -558,7 +577,9 @@ class DisenGCN(Backbone):
     defaults: ClassVar[dict[str, Any]] = {
         "factors": 2, "routing_layers": 5, "routing_iters": 6, "routing_tau": 1.0, "routing_kernel": "gather",
     }  # fmt: skip
-    checkpoint_above: ClassVar[int] = 2**24  # E·K·h above which routing layers are recomputed for backward (64 MB per gather)
+    checkpoint_above: ClassVar[int] = (
+        2**24
+    )  # E·K·h above which routing layers are recomputed for backward (64 MB per gather)
 
     def __init__(
         self, in_dim: int, hidden: int, num_classes: int, dropout: float, factors: int = 2, base_layers: int = 1,
@@ -607,7 +628,11 @@ class DisenGCN(Backbone):
         operators = self._edge_operators(graph.edge_index, z.shape[0]) if self.kernel == "sparse" else None
         for _ in range(layers):
             args = (z, graph.edge_index, self.iterations, self.tau, self.kernel, operators)
-            z = checkpoint(neighbourhood_routing, *args, use_reentrant=False) if recompute else neighbourhood_routing(*args)
+            z = (
+                checkpoint(neighbourhood_routing, *args, use_reentrant=False)
+                if recompute
+                else neighbourhood_routing(*args)
+            )
             z = self._activate(z)
         return z
 

@@ -69,7 +69,6 @@ from gfl_bench.metrics import metric_of_clients
 from gfl_bench.randomness import RunRandomness, SharedRandomness
 from gfl_bench.training import TrainingClient
 
-
 # Features at least this full are multiplied dense: an embedding bag spends several times a BLAS
 # multiply-add per non-zero (dense features: 2-6x slower than `bmm`; 1.3 % full Cora-like: 15x faster).
 DENSE_SHARE = 0.25
@@ -81,7 +80,9 @@ class BatchedTraining(ABC):
 
     input_major: ClassVar[tuple[str, ...]] = ()  # first-layer weights, stacked [M, F, h]
     operators: ClassVar[tuple[str, ...]] = ()  # the graph attributes packed block-diagonally
-    dropout_widths: ClassVar[tuple[str, ...]] = ()  # per dropout call of a forward: the stack whose last dimension is its width
+    dropout_widths: ClassVar[
+        tuple[str, ...]
+    ] = ()  # per dropout call of a forward: the stack whose last dimension is its width
 
     def __init__(self, clients: list[TrainingClient], streams: list[tuple[RunRandomness, int]] | None = None) -> None:
         self.clients = clients
@@ -98,7 +99,9 @@ class BatchedTraining(ABC):
         groups = [({**g, "params": [names[id(p)] for p in g["params"]]}) for g in first.optimizer.param_groups]
         self.stacks = {name: self._stack_and_rebind(name) for name in names.values()}
         # Fused Adam: one kernel over each stack (5× the per-tensor loop on a CPU for Cora-20); same update.
-        self.optimizer = torch.optim.Adam([{**g, "params": [self.stacks[n] for n in g["params"]], "foreach": None, "fused": True} for g in groups])
+        self.optimizer = torch.optim.Adam(
+            [{**g, "params": [self.stacks[n] for n in g["params"]], "foreach": None, "fused": True} for g in groups]
+        )
         sizes = [c.graph.num_nodes for c in clients]
         self.sizes, self.padded = sizes, max(sizes)
         self.num_features = first.graph.num_features
@@ -112,7 +115,9 @@ class BatchedTraining(ABC):
         # For evaluation, every client's labels and splits on the padded rows ([M, N]; padding in no split).
         self.labels = torch.stack([F.pad(c.graph.y, (0, self.padded - size)) for c, size in zip(clients, sizes)])
         self.splits = {
-            split: torch.stack([F.pad(c.graph[f"{split}_mask"], (0, self.padded - size)) for c, size in zip(clients, sizes)])
+            split: torch.stack(
+                [F.pad(c.graph[f"{split}_mask"], (0, self.padded - size)) for c, size in zip(clients, sizes)]
+            )
             for split in ("val", "test")
         }
         self.padding = torch.arange(self.padded, device=device)[None, :] >= torch.tensor(sizes, device=device)[:, None]
@@ -120,10 +125,14 @@ class BatchedTraining(ABC):
     def _stack_and_rebind(self, name: str) -> nn.Parameter:
         """Stack parameter `name` of every client, then make each client's parameter a view of its slice."""
         flip = name in self.input_major
-        stack = nn.Parameter(torch.stack([self._as_stored(c.model.get_parameter(name).detach(), flip) for c in self.clients]))
+        stack = nn.Parameter(
+            torch.stack([self._as_stored(c.model.get_parameter(name).detach(), flip) for c in self.clients])
+        )
         module_name, _, attribute = name.rpartition(".")
         for m, client in enumerate(self.clients):
-            setattr(client.model.get_submodule(module_name), attribute, nn.Parameter(self._as_stored(stack.data[m], flip)))
+            setattr(
+                client.model.get_submodule(module_name), attribute, nn.Parameter(self._as_stored(stack.data[m], flip))
+            )
         return stack
 
     @staticmethod
@@ -180,13 +189,18 @@ class BatchedTraining(ABC):
         """X_m W_m for every client m, W stacked input-major [M, F, h]: [M, N, h], no copy of W."""
         if isinstance(self.features, Tensor):
             return torch.bmm(self.features, weight)
-        return (self.features @ weight.reshape(len(self.clients) * self.num_features, -1)).view(len(self.clients), self.padded, -1)
+        return (self.features @ weight.reshape(len(self.clients) * self.num_features, -1)).view(
+            len(self.clients), self.padded, -1
+        )
 
     def _spread(self, operator: str, h: Tensor) -> Tensor:
         """`operator` applied to every client's rows: [M, N, w] -> [M, N, w] (padding rows stay zero)."""
         adjacency = self.adjacency[operator]
         if isinstance(adjacency, list):
-            padded = [F.pad(operator_product(a, h[m, : len(a)]), (0, 0, 0, self.padded - len(a))) for m, a in enumerate(adjacency)]
+            padded = [
+                F.pad(operator_product(a, h[m, : len(a)]), (0, 0, 0, self.padded - len(a)))
+                for m, a in enumerate(adjacency)
+            ]
             return torch.stack(padded)
         return operator_product(adjacency, h.reshape(-1, h.shape[-1])).view_as(h)
 
@@ -195,7 +209,10 @@ class BatchedTraining(ABC):
         keep = 1.0 - self.dropout
         device = self.train_rows.device
         widths = [self.stacks[name].shape[-1] for name in self.dropout_widths]
-        masks = [[torch.zeros(len(self.clients), self.padded, w, device=device) for w in widths] for _ in range(self.local_epochs)]
+        masks = [
+            [torch.zeros(len(self.clients), self.padded, w, device=device) for w in widths]
+            for _ in range(self.local_epochs)
+        ]
         for randomness, clients in self.runs:  # each run from its own streams
             with randomness.active():
                 for m in clients:  # client-major, as the per-client path trains client after client
@@ -266,12 +283,18 @@ class BatchedGCNTraining(BatchedTraining):
         return weight * (mask if training else self.pruned(mask))
 
     def forward(self, training: bool, masks: list[Tensor] | None = None) -> Tensor:
-        h = F.relu(self._spread("gcn_adj", self._first_layer(self._weight("conv1", training))) + self.stacks["conv1.bias"][:, None, :])
+        h = F.relu(
+            self._spread("gcn_adj", self._first_layer(self._weight("conv1", training)))
+            + self.stacks["conv1.bias"][:, None, :]
+        )
         h = h * masks[0] if masks else h
         projected = torch.bmm(h, self._weight("conv2", training).transpose(1, 2))
         h = F.relu(self._spread("gcn_adj", projected) + self.stacks["conv2.bias"][:, None, :])
         h = h * masks[1] if masks else h
-        return torch.bmm(h, self._weight("classifier", training).transpose(1, 2)) + self.stacks["classifier.bias"][:, None, :]
+        return (
+            torch.bmm(h, self._weight("classifier", training).transpose(1, 2))
+            + self.stacks["classifier.bias"][:, None, :]
+        )
 
 
 class BatchedSAGETraining(BatchedTraining):
@@ -300,7 +323,9 @@ class BatchedSAGETraining(BatchedTraining):
         h = h * masks[0] if masks else h
         h = F.relu(self._root_and_neighbours("conv2", h))
         h = h * masks[1] if masks else h
-        return torch.bmm(h, self.stacks["classifier.weight"].transpose(1, 2)) + self.stacks["classifier.bias"][:, None, :]
+        return (
+            torch.bmm(h, self.stacks["classifier.weight"].transpose(1, 2)) + self.stacks["classifier.bias"][:, None, :]
+        )
 
 
 class BatchedH2GCNTraining(BatchedTraining):

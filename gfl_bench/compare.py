@@ -38,7 +38,9 @@ def compare(sel: Selection, methods: Sequence[str], tables: Sequence[int] = COMP
     rows = []
     for row in paper.itertuples(index=False):
         is_time = row.table == 7
-        cell = sel.cell(row.method, row.dataset, row.scheme, int(row.clients), "seconds_per_round" if is_time else "test")
+        cell = sel.cell(
+            row.method, row.dataset, row.scheme, int(row.clients), "seconds_per_round" if is_time else "test"
+        )
         if cell is None or cell.n == 0:
             continue
         gap = cell.mean - row.mean
@@ -104,10 +106,12 @@ def to_markdown(result: Comparison, titles: dict[str, str], sel: Selection) -> s
     shown = result.cells.copy()
     shown["method"] = shown["method"].map(titles)
     shown["ours"] = [
-        f"{o:.3f} s" if t == 7 else f"{o:.2f}±{s:.2f}" for t, o, s in zip(shown["table"], shown["ours"], shown["ours_std"])
+        f"{o:.3f} s" if t == 7 else f"{o:.2f}±{s:.2f}"
+        for t, o, s in zip(shown["table"], shown["ours"], shown["ours_std"])
     ]
     shown["paper"] = [
-        f"{p:.2f} s" if t == 7 else f"{p:.2f}±{s:.2f}" for t, p, s in zip(shown["table"], shown["paper"], shown["paper_std"])
+        f"{p:.2f} s" if t == 7 else f"{p:.2f}±{s:.2f}"
+        for t, p, s in zip(shown["table"], shown["paper"], shown["paper_std"])
     ]
     shown["gap"] = [
         f"×{r:.3f}" if t == 7 else f"{g:+.2f}" + (" ⚑" if f else "")
@@ -115,8 +119,15 @@ def to_markdown(result: Comparison, titles: dict[str, str], sel: Selection) -> s
     ]
     columns = ["table", "method", "dataset", "scheme", "clients", "backbone", "seeds", "ours", "paper", "source", "gap"]
     lines.append(shown[columns].to_markdown(index=False))
-    lines += ["", "⚑: gap larger than max(1 point, 2 × the paper's std). Table 7 gaps are ratios ours / paper (machine-dependent, never flagged).", ""]
-    lines += ["Sources of the paper's cells (docs/protocol.md): most baseline cells are inherited from earlier papers, not re-run.", ""]
+    lines += [
+        "",
+        "⚑: gap larger than max(1 point, 2 × the paper's std). Table 7 gaps are ratios ours / paper (machine-dependent, never flagged).",
+        "",
+    ]
+    lines += [
+        "Sources of the paper's cells (docs/protocol.md): most baseline cells are inherited from earlier papers, not re-run.",
+        "",
+    ]
     lines += [f"- `{key}`: {text}" for key, text in SOURCES.items() if key in set(shown["source"])]
     lines += [""]
     lines += ["## Per method (accuracy / ROC-AUC cells)", ""]

@@ -92,15 +92,25 @@ DATASETS: dict[str, DatasetSpec] = {
         _planetoid("citeseer", "CiteSeer", "CiteSeer"),
         _planetoid("pubmed", "PubMed", "PubMed"),
         DatasetSpec(
-            "amazon-computer", "Amazon-Computer", "Computers",
-            ("raw/amazon_electronics_computers.npz",), "accuracy", 200, 3,
+            "amazon-computer",
+            "Amazon-Computer",
+            "Computers",
+            ("raw/amazon_electronics_computers.npz",),
+            "accuracy",
+            200,
+            3,
         ),
+        DatasetSpec("amazon-photo", "Amazon-Photo", "Photo", ("raw/amazon_electronics_photo.npz",), "accuracy", 200, 2),
         DatasetSpec(
-            "amazon-photo", "Amazon-Photo", "Photo", ("raw/amazon_electronics_photo.npz",), "accuracy", 200, 2
-        ),
-        DatasetSpec(
-            "ogbn-arxiv", "ogbn-arxiv", "ogbn_arxiv", _OGB_ARXIV_RAW, "accuracy", 200, 2,
-            split=(0.05, 0.475, 0.475), normalize_features=False,
+            "ogbn-arxiv",
+            "ogbn-arxiv",
+            "ogbn_arxiv",
+            _OGB_ARXIV_RAW,
+            "accuracy",
+            200,
+            2,
+            split=(0.05, 0.475, 0.475),
+            normalize_features=False,
         ),
         _heterophilous("roman-empire", "Roman-empire", "accuracy"),
         _heterophilous("amazon-ratings", "Amazon-ratings", "accuracy"),
@@ -110,8 +120,18 @@ DATASETS: dict[str, DatasetSpec] = {
         DatasetSpec("tiny", "Tiny", "tiny", (), "accuracy", 100, 1, normalize_features=False, synthetic=True),
         # ogbn-arxiv's size (169,343 nodes, ~1.17 M edges, 128 features, 40 classes), generated: for cost
         # measurements only; its name and title say it is synthetic, and no paper table lists it.
-        DatasetSpec("synthetic-arxiv-size", "Synthetic (arxiv-sized)", "synthetic", (), "accuracy", 200, 2,
-                    split=(0.05, 0.475, 0.475), normalize_features=False, synthetic=True),  # fmt: skip
+        DatasetSpec(
+            "synthetic-arxiv-size",
+            "Synthetic (arxiv-sized)",
+            "synthetic",
+            (),
+            "accuracy",
+            200,
+            2,
+            split=(0.05, 0.475, 0.475),
+            normalize_features=False,
+            synthetic=True,
+        ),
     )
 }
 
@@ -344,7 +364,11 @@ def quiet_libraries() -> Iterator[None]:
     if os.environ.get(VERBOSE_ENV):
         yield
         return
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+    with (
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()),
+        warnings.catch_warnings(),
+    ):
         warnings.simplefilter("ignore")
         yield
 
@@ -390,7 +414,7 @@ def _dataset_lock(spec: DatasetSpec, data_dir: Path) -> Iterator[None]:
     process left are removed once the lock is held: no other process can be using them."""
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
-        handle = open(data_dir / f".{spec.folder}.lock", "a")  # noqa: SIM115 - held for the whole block
+        handle = open(data_dir / f".{spec.folder}.lock", "a")
     except OSError as error:
         raise UserError(
             f"cannot write into the data directory {data_dir}: {error.strerror or error}; "

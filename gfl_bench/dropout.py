@@ -18,13 +18,14 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-
 # Elements drawn per pass on a CPU: the float64 uniforms (512 KB) stay in cache while they are compared
 # and written out as the mask; consecutive draws are the draws of one call of their total size.
 CHUNK = 2**16
 
 
-def dropout_mask(shape: tuple[int, ...], keep: float, device: torch.device, dtype: torch.dtype = torch.float32) -> Tensor:
+def dropout_mask(
+    shape: tuple[int, ...], keep: float, device: torch.device, dtype: torch.dtype = torch.float32
+) -> Tensor:
     """The mask `F.dropout` multiplies by (1/keep where kept, else 0), drawn as it draws it from the current stream."""
     if device.type != "cpu":
         return torch.empty(shape, device=device, dtype=dtype).bernoulli_(keep).div_(keep)

@@ -73,7 +73,7 @@ def run_job(job: list[RunSpec], env: Environment, on_round: RoundDone | None = N
                             env.sparse_features)  # fmt: skip
     except UserError:
         raise
-    except Exception as error:  # noqa: BLE001 - recorded with its type and message, the sweep goes on
+    except Exception as error:
         if device.type == "cuda":
             torch.cuda.empty_cache()
         if len(job) > 1:
@@ -88,7 +88,16 @@ def stacked_jobs(specs: list[RunSpec], size: int) -> list[list[RunSpec]]:
         return [[spec] for spec in specs]
     groups: dict[tuple, list[RunSpec]] = {}
     for spec in specs:
-        key = (spec.method, spec.config_key, spec.dataset, spec.scheme, spec.clients, spec.data_seed, spec.rounds, spec.local_epochs)
+        key = (
+            spec.method,
+            spec.config_key,
+            spec.dataset,
+            spec.scheme,
+            spec.clients,
+            spec.data_seed,
+            spec.rounds,
+            spec.local_epochs,
+        )
         alone = not method_class(spec.method).batchable
         groups.setdefault((spec.run_key,) if alone else key, []).append(spec)
     jobs = []
@@ -200,7 +209,9 @@ def execute(
 
 def _execute_pool(jobs: list[list[RunSpec]], store: RunStore, env: Environment, workers: int, events: Events) -> None:
     context = multiprocessing.get_context("spawn")  # fork would copy CUDA state and threads
-    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_die_with_parent) as pool:
+    with concurrent.futures.ProcessPoolExecutor(
+        max_workers=workers, mp_context=context, initializer=_die_with_parent
+    ) as pool:
         futures = {pool.submit(run_job, job, env): job for job in jobs}
         for job in jobs[:workers]:
             for spec in job:

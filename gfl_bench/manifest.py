@@ -100,7 +100,7 @@ def register(path: Path, dataset: str, cache_dir: Path) -> tuple[str, int, int]:
 
 
 def cached_path(cache_dir: Path, dataset: str, label: str) -> Path:
-    return Path(cache_dir) / dataset / f"manifest-{label[len(FILE_PREFIX):]}.json.gz"
+    return Path(cache_dir) / dataset / f"manifest-{label[len(FILE_PREFIX) :]}.json.gz"
 
 
 def manifest_partition(graph: Data, dataset: str, label: str, num_clients: int, cache_dir: Path | None) -> Partition:

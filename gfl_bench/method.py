@@ -274,10 +274,12 @@ def all_methods() -> dict[str, type[Method]]:
     for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
             method = point.load()
-        except Exception as error:  # noqa: BLE001 - a broken plug-in is named, not a traceback
+        except Exception as error:
             raise UserError(f"the method plug-in {point.name!r} ({point.value}) does not load: {error}") from None
         if not (isinstance(method, type) and issubclass(method, Method)) or method.name != point.name:
-            raise UserError(f"entry point {point.name!r} = {point.value} must name a Method subclass whose name is {point.name!r}")
+            raise UserError(
+                f"entry point {point.name!r} = {point.value} must name a Method subclass whose name is {point.name!r}"
+            )
         if point.name in found and found[point.name] is not method:
             raise UserError(f"method name {point.name!r} is registered by two packages ({point.value})")
         found[point.name] = method

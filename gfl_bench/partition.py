@@ -111,7 +111,7 @@ def scheme_title(label: str) -> str:
     """How a figure or caption names a scheme's label: the paper's words for its two, else the label's."""
     base = label.partition("-")[0]
     if label.startswith(FILE_PREFIX):
-        return f"split file {label[len(FILE_PREFIX):]}"
+        return f"split file {label[len(FILE_PREFIX) :]}"
     if base in ALPHA_SCHEMES:
         return f"{base} α={scheme_alpha(label):g}"
     return {"metis": "non-overlapping", "overlap": "overlapping"}.get(base, base)
@@ -384,7 +384,7 @@ def _load_cached(path: Path, identity: dict[str, Any], num_nodes: int) -> tuple[
         stored = torch.load(path)
         split, nodes = stored["split"], tuple(stored["client_nodes"])
         claimed = stored.get("identity")
-    except Exception as error:  # noqa: BLE001 - any damage (truncation, garbage, missing keys) means: rebuild
+    except Exception as error:
         return None, f"does not load ({type(error).__name__})"
     if claimed is None:
         return None, "has no setting in its header (written by an older gflbench)"

@@ -13,16 +13,16 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
 
-from gfl_bench.datasets import dataset_spec  # noqa: E402
-from gfl_bench.partition import scheme_title  # noqa: E402
-from gfl_bench.significance import RankAnalysis  # noqa: E402
-from gfl_bench.spec import make_spec  # noqa: E402
-from gfl_bench.store import RunStore  # noqa: E402
-from gfl_bench.tables import Selection  # noqa: E402
+from gfl_bench.datasets import dataset_spec
+from gfl_bench.partition import scheme_title
+from gfl_bench.significance import RankAnalysis
+from gfl_bench.spec import make_spec
+from gfl_bench.store import RunStore
+from gfl_bench.tables import Selection
 
 # Values of the sensitivity study; the paper shows the curves but not the grid, so these are ours.
 SENSITIVITY: dict[str, tuple] = {
@@ -168,8 +168,22 @@ def _semantic_panel(ax: plt.Axes, snap: Mapping, title: str) -> None:
         points.append(means[present].numpy())
         labels.append(torch.arange(num_classes).expand_as(present)[present].numpy())
     flat = _tsne(np.concatenate(points))
-    ax.scatter(flat[num_classes:, 0], flat[num_classes:, 1], c=[colours(c % 20) for c in np.concatenate(labels[1:] or [np.array([], int)])], s=14, alpha=0.7)
-    ax.scatter(flat[:num_classes, 0], flat[:num_classes, 1], c=[colours(c % 20) for c in range(num_classes)], marker="*", s=260, edgecolors="black", linewidths=0.8)
+    ax.scatter(
+        flat[num_classes:, 0],
+        flat[num_classes:, 1],
+        c=[colours(c % 20) for c in np.concatenate(labels[1:] or [np.array([], int)])],
+        s=14,
+        alpha=0.7,
+    )
+    ax.scatter(
+        flat[:num_classes, 0],
+        flat[:num_classes, 1],
+        c=[colours(c % 20) for c in range(num_classes)],
+        marker="*",
+        s=260,
+        edgecolors="black",
+        linewidths=0.8,
+    )
     ax.set_title(title, fontsize=10)
     ax.set_xticks([])
     ax.set_yticks([])
@@ -186,7 +200,15 @@ def _structural_panel(ax: plt.Axes, snap: Mapping, title: str) -> None:
     flat = _tsne(np.concatenate(points))
     if labels:
         ax.scatter(flat[q:, 0], flat[q:, 1], c=[colours(c % 20) for c in np.concatenate(labels)], s=6, alpha=0.5)
-    ax.scatter(flat[:q, 0], flat[:q, 1], c=[colours(c % 20) for c in range(q)], marker="*", s=260, edgecolors="black", linewidths=0.8)
+    ax.scatter(
+        flat[:q, 0],
+        flat[:q, 1],
+        c=[colours(c % 20) for c in range(q)],
+        marker="*",
+        s=260,
+        edgecolors="black",
+        linewidths=0.8,
+    )
     ax.set_title(title, fontsize=10)
     ax.set_xticks([])
     ax.set_yticks([])

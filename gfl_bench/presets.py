@@ -93,12 +93,16 @@ def _parse(method: type[Method], path: str, mtime_ns: int, size: int) -> tuple[P
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise UserError(f"cannot read the paper preset file {path}: {error}") from None
-    lines = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip() and not line.startswith("#")]
+    lines = [
+        (number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip() and not line.startswith("#")
+    ]
     if not lines:
         raise UserError(f"paper preset file {path} has no header; it must start with {','.join(COLUMNS)}")
     (header_line, header), *body = lines
     if tuple(next(csv.reader([header]))) != COLUMNS:
-        raise UserError(f"paper preset file {path}, line {header_line}: the header must be {','.join(COLUMNS)}, got {header!r}")
+        raise UserError(
+            f"paper preset file {path}, line {header_line}: the header must be {','.join(COLUMNS)}, got {header!r}"
+        )
     rows: list[PresetRow] = []
     seen: dict[tuple[str | None, str | None, int | None, str], int] = {}
     for number, line in body:
@@ -108,7 +112,9 @@ def _parse(method: type[Method], path: str, mtime_ns: int, size: int) -> tuple[P
             raise UserError(f"paper preset file {path}, line {number}: {error}") from None
         where = (row.dataset, row.scheme, row.clients, row.key)
         if where in seen:
-            raise UserError(f"paper preset file {path}, line {number}: {row.key} is set for this setting on line {seen[where]} too")
+            raise UserError(
+                f"paper preset file {path}, line {number}: {row.key} is set for this setting on line {seen[where]} too"
+            )
         seen[where] = number
         rows.append(row)
     return tuple(rows)
@@ -130,7 +136,9 @@ def _row(method: type[Method], fields: list[str]) -> PresetRow:
     if count is not None and scheme != EVERY:
         check_clients(scheme, count)
     _check_value(method, key, value)
-    return PresetRow(None if dataset == EVERY else dataset, None if scheme == EVERY else scheme, count, key, value, source)
+    return PresetRow(
+        None if dataset == EVERY else dataset, None if scheme == EVERY else scheme, count, key, value, source
+    )
 
 
 def _check_value(method: type[Method], key: str, value: str) -> None:

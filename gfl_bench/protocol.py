@@ -145,7 +145,9 @@ def protocol_values(
     from gfl_bench.presets import SCHEDULE_KEYS
 
     check_protocol(protocol)
-    preset = {key: value for key, value in method.paper_preset(dataset, scheme, clients).items() if key not in SCHEDULE_KEYS}
+    preset = {
+        key: value for key, value in method.paper_preset(dataset, scheme, clients).items() if key not in SCHEDULE_KEYS
+    }
     if protocol == "paper":
         return preset
     entry = read_tuned(tuned_dir(folder), dataset, scheme, clients).get("methods", {}).get(method.name)

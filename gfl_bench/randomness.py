@@ -28,7 +28,9 @@ def seed_everything(seed: int, device: torch.device) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    torch.use_deterministic_algorithms(True, warn_only=True)  # what has no deterministic kernel: `nondeterministic_kernels`
+    torch.use_deterministic_algorithms(
+        True, warn_only=True
+    )  # what has no deterministic kernel: `nondeterministic_kernels`
     # Deterministic mode also fills every new uninitialised tensor with NaN (a guard against kernels that
     # read memory they never wrote). No kernel here does (every result would be NaN), and the fill cost
     # a fifth of a batched Cora round: each large `empty` was written twice (docs/results.md, "Speed").
@@ -104,7 +106,7 @@ class RunRandomness:
 class SharedRandomness(RunRandomness):
     """A run alone in its process: it owns the generators, so there is nothing to swap."""
 
-    def __init__(self) -> None:  # noqa: D107 - nothing to capture
+    def __init__(self) -> None:
         pass
 
     @contextlib.contextmanager

@@ -111,9 +111,7 @@ class DataCache:
         if key not in self._federated:
             spec = dataset_spec(dataset)
             graph = self.graph(dataset)
-            partition = cached_partition(
-                graph, dataset, scheme, clients, data_seed, spec.split, self.partition_dir
-            )
+            partition = cached_partition(graph, dataset, scheme, clients, data_seed, spec.split, self.partition_dir)
             self._federated[key] = FederatedData(
                 dataset=dataset,
                 metric=spec.metric,
@@ -182,10 +180,14 @@ class _Party:
     server: Server
     clients: list[Client]
     randomness: RunRandomness
-    curves: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in ("val", "test", "val_weighted", "test_weighted")})
+    curves: dict[str, list[float]] = field(
+        default_factory=lambda: {k: [] for k in ("val", "test", "val_weighted", "test_weighted")}
+    )
     client_curves: dict[str, list[list[float]]] = field(default_factory=lambda: {"val": [], "test": []})
     seconds: list[float] = field(default_factory=list)
-    phases: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in ("configure", "fit", "aggregate", "evaluate")})
+    phases: dict[str, list[float]] = field(
+        default_factory=lambda: {k: [] for k in ("configure", "fit", "aggregate", "evaluate")}
+    )
     bytes_up: list[int] = field(default_factory=list)
     bytes_down: list[int] = field(default_factory=list)
     diagnostics: dict[str, list[float]] = field(default_factory=dict)
@@ -195,7 +197,9 @@ def stackable(specs: list[RunSpec]) -> bool:
     """Whether these runs can be stepped together: one batchable method and configuration on one
     federation, differing in the run seed only."""
     first = specs[0]
-    same = {(s.method, s.config_key, s.dataset, s.scheme, s.clients, s.data_seed, s.rounds, s.local_epochs) for s in specs}
+    same = {
+        (s.method, s.config_key, s.dataset, s.scheme, s.clients, s.data_seed, s.rounds, s.local_epochs) for s in specs
+    }
     return len(same) == 1 and len({s.seed for s in specs}) == len(specs) and method_class(first.method).batchable
 
 
@@ -370,38 +374,40 @@ def _record(
     curves = party.curves
     best = best_round(curves["val"])
     val_client_best, test_client_best = per_client_best(party.client_curves["val"], party.client_curves["test"])
-    return finite({
-        **_identity(party.spec),
-        "metric": data.metric,
-        "status": "ok",
-        "best_round": best,
-        "val": curves["val"][best],
-        "test": curves["test"][best],
-        "val_weighted": curves["val_weighted"][best],
-        "test_weighted": curves["test_weighted"][best],
-        "val_client_best": val_client_best,
-        "test_client_best": test_client_best,
-        "curves": curves,
-        "client_curves": party.client_curves,
-        "excluded_clients": {split: excluded_clients(party.client_curves[split]) for split in ("val", "test")},
-        "seconds_per_round": party.seconds,
-        # round 0 apart: it carries one-off work (CUDA and library start-up, FedSage+'s generator phase);
-        # the store's summary column is the median of the later rounds (store.round_seconds)
-        "first_round_seconds": party.seconds[0],
-        "seconds_per_phase": party.phases,
-        "execution": execution,
-        "stacked_runs": stacked,
-        "features": "sparse" if sparse_features else "dense",
-        **peaks,
-        "bytes_up": party.bytes_up,
-        "bytes_down": party.bytes_down,
-        "diagnostics": party.diagnostics,
-        "partition_hash": data.partition.digest(),
-        "data_fingerprint": data.data_fingerprint,  # not in the run key: stored keys stay valid; `import` may compare it
-        "started_at": started,
-        "finished_at": time.time(),
-        **provenance(device),
-    })
+    return finite(
+        {
+            **_identity(party.spec),
+            "metric": data.metric,
+            "status": "ok",
+            "best_round": best,
+            "val": curves["val"][best],
+            "test": curves["test"][best],
+            "val_weighted": curves["val_weighted"][best],
+            "test_weighted": curves["test_weighted"][best],
+            "val_client_best": val_client_best,
+            "test_client_best": test_client_best,
+            "curves": curves,
+            "client_curves": party.client_curves,
+            "excluded_clients": {split: excluded_clients(party.client_curves[split]) for split in ("val", "test")},
+            "seconds_per_round": party.seconds,
+            # round 0 apart: it carries one-off work (CUDA and library start-up, FedSage+'s generator phase);
+            # the store's summary column is the median of the later rounds (store.round_seconds)
+            "first_round_seconds": party.seconds[0],
+            "seconds_per_phase": party.phases,
+            "execution": execution,
+            "stacked_runs": stacked,
+            "features": "sparse" if sparse_features else "dense",
+            **peaks,
+            "bytes_up": party.bytes_up,
+            "bytes_down": party.bytes_down,
+            "diagnostics": party.diagnostics,
+            "partition_hash": data.partition.digest(),
+            "data_fingerprint": data.data_fingerprint,  # not in the run key: stored keys stay valid; `import` may compare it
+            "started_at": started,
+            "finished_at": time.time(),
+            **provenance(device),
+        }
+    )
 
 
 def _identity(spec: RunSpec) -> dict:

@@ -208,6 +208,7 @@ def cell_means(sel: Selection, methods: Sequence[str], cells: Sequence[tuple[str
         kept = [m for m in methods if any(counts[(m, c)] >= RANK_MIN_SEEDS for c in cells)]
         dropped_methods = [f"{m} (fewer than {RANK_MIN_SEEDS} seeds in every cell)" for m in methods
                            if m not in kept and any(counts[(m, c)] for c in cells)]  # fmt: skip
+
     def complete(methods: list[str]) -> int:
         return sum(all(counts[(m, c)] >= RANK_MIN_SEEDS for m in methods) for c in cells)
 
@@ -217,7 +218,9 @@ def cell_means(sel: Selection, methods: Sequence[str], cells: Sequence[tuple[str
         if gains[drop] <= complete(kept):
             break
         kept.remove(drop)
-        dropped_methods.append(f"{drop} (too few cells with {RANK_MIN_SEEDS} seeds: without it {gains[drop]} cells have every method)")
+        dropped_methods.append(
+            f"{drop} (too few cells with {RANK_MIN_SEEDS} seeds: without it {gains[drop]} cells have every method)"
+        )
     rows, dropped_cells = {}, []
     for cell in cells if kept else []:
         short = [f"{m} {counts[(m, cell)]}" for m in kept if counts[(m, cell)] < RANK_MIN_SEEDS]

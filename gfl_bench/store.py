@@ -528,8 +528,10 @@ def check_record(record: object) -> str | None:
             return f"its best round {record['best_round']} is not its validation curve's best round ({best})"
         for name in ("val", "test", "val_weighted", "test_weighted"):
             if curves[name][best] != record[name]:
-                return f"its {name} {record[name]} is not its curve's value at its best round {best} " \
-                       f"({curves[name][best]})"
+                return (
+                    f"its {name} {record[name]} is not its curve's value at its best round {best} "
+                    f"({curves[name][best]})"
+                )
         for name in ("val", "test"):
             defined = [v for v in clients[name][best] if v is not None]
             mean = sum(defined) / len(defined) if defined else None

@@ -35,7 +35,7 @@ def table_grid(table: str, registered: Sequence[str]) -> Grid:
     """The grid of one paper table, restricted to implemented methods."""
     if table not in SWEEP_TABLES:
         raise UserError(f"no sweep for table {table!r}; choose from {', '.join(SWEEP_TABLES)}")
-    rows = ABLATIONS + ("fedgmc",) if table == "6" else PAPER_METHOD_ORDER
+    rows = (*ABLATIONS, "fedgmc") if table == "6" else PAPER_METHOD_ORDER
     methods = tuple(m for m in rows if m in registered)
     skipped = tuple(m for m in rows if m not in registered)
     if table == "6":

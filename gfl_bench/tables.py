@@ -55,7 +55,9 @@ FORMATS = ("terminal", "markdown", "latex", "csv")
 SELECTION_RULES = {"global": "", "per-client": "_client_best"}
 VALUES = ("test", "val")  # what a cell shows: the test value, or the validation value that chose it
 
-_HETERO_METRICS = "Accuracy (%) for Roman-empire and Amazon-ratings, ROC-AUC (%) for Minesweeper, Tolokers and Questions."
+_HETERO_METRICS = (
+    "Accuracy (%) for Roman-empire and Amazon-ratings, ROC-AUC (%) for Minesweeper, Tolokers and Questions."
+)
 CAPTIONS = {
     1: "Table 1: Accuracy (%) on six homophilic graphs, non-overlapping partitioning.",
     2: f"Table 2: Five heterophilic graphs, non-overlapping partitioning. {_HETERO_METRICS}",
@@ -64,9 +66,14 @@ CAPTIONS = {
     5: f"Table 5: Five heterophilic graphs, overlapping partitioning. {_HETERO_METRICS}",
     6: "Table 6: Ablations of FedGMC under non-overlapping and overlapping partitioning (↓: drop against FedGMC, ↑: gain).",
     7: "Table 7: Seconds per communication round (configure + local training + aggregation, evaluation excluded), "
-       "and the runs' mean peak memory in MB (CUDA: torch's peak allocation; CPU: the worker process's peak RSS).",
+    "and the runs' mean peak memory in MB (CUDA: torch's peak allocation; CPU: the worker process's peak RSS).",
 }
-RESULT_TABLES = {1: (HOMOPHILIC, "metis"), 2: (HETEROPHILIC, "metis"), 4: (HOMOPHILIC, "overlap"), 5: (HETEROPHILIC, "overlap")}
+RESULT_TABLES = {
+    1: (HOMOPHILIC, "metis"),
+    2: (HETEROPHILIC, "metis"),
+    4: (HOMOPHILIC, "overlap"),
+    5: (HETEROPHILIC, "overlap"),
+}
 ALL_TABLES = (1, 2, 3, 4, 5, 6, 7)
 
 
@@ -125,7 +132,9 @@ class Selection:
     def run_keys(self, method: str, dataset: str, scheme: str, clients: int) -> list[str]:
         return list(self.runs_of(method, dataset, scheme, clients)["run_key"]) if len(self.runs) else []
 
-    def seed_values(self, method: str, dataset: str, scheme: str, clients: int, column: str | None = None) -> pd.Series | None:
+    def seed_values(
+        self, method: str, dataset: str, scheme: str, clients: int, column: str | None = None
+    ) -> pd.Series | None:
         """One cell's finished runs' values indexed by seed (percent; s or MB for the cost columns), what tests
         pair on; None where the store predates the column."""
         chosen = self.runs_of(method, dataset, scheme, clients)
@@ -206,7 +215,9 @@ def method_order(names: Sequence[str]) -> list[str]:
     return known + sorted(n for n in names if n not in known)
 
 
-def result_cells(number: int, datasets: Sequence[str] | None = None, scheme: str | None = None) -> tuple[list[str], str]:
+def result_cells(
+    number: int, datasets: Sequence[str] | None = None, scheme: str | None = None
+) -> tuple[list[str], str]:
     """The datasets and scheme of Table 1, 2, 4 or 5 (restricted to `datasets`), or of a custom table (number 0)."""
     if number:
         table_datasets, scheme = RESULT_TABLES[number]
@@ -226,12 +237,14 @@ def results_table(number: int, sel: Selection, methods: Sequence[str], titles: M
     """
     datasets, scheme = result_cells(number, datasets, scheme)
     per_clients_avg = number in (2, 5)
-    clients = clients or default_clients(scheme)  # the paper's counts for its schemes (= CLIENTS), 5/10/20 for the others
+    clients = clients or default_clients(
+        scheme
+    )  # the paper's counts for its schemes (= CLIENTS), 5/10/20 for the others
     cells = {(m, d, c): sel.cell(m, d, scheme, c) for m in methods for d in datasets for c in clients}
     tested = {(d, c): compare_to_best({m: v for m in methods if (v := sel.seed_values(m, d, scheme, c)) is not None}, test)
               for d in datasets for c in clients}  # fmt: skip
     data_columns = [(dataset_spec(d).title, f"{c} Clients") for d in datasets for c in clients]
-    avg_groups = ([(f"{c} Clients", [(d, c) for d in datasets]) for c in clients] if per_clients_avg else [])
+    avg_groups = [(f"{c} Clients", [(d, c) for d in datasets]) for c in clients] if per_clients_avg else []
     avg_groups.append(("All", [(d, c) for d in datasets for c in clients]))
     text: dict[str, list[str]] = {}
     values: dict[str, list[float]] = {}
@@ -247,14 +260,20 @@ def results_table(number: int, sel: Selection, methods: Sequence[str], titles: M
         for _, members in avg_groups:
             present = [cells[(m, d, c)].mean for d, c in members if cells[(m, d, c)] and cells[(m, d, c)].n]
             mean = sum(present) / len(present) if present else math.nan
-            text[label].append("" if not present else f"{mean:.2f}" + ("" if len(present) == len(members) else f" ({len(present)}/{len(members)})"))
+            text[label].append(
+                ""
+                if not present
+                else f"{mean:.2f}" + ("" if len(present) == len(members) else f" ({len(present)}/{len(members)})")
+            )
             values[label].append(mean)
     columns = data_columns + [("Avg.", name) for name, _ in avg_groups]
     full = _frame(text, columns), _frame(values, columns), _frame(marks, columns)
     blocks = []
     step = 3 * len(clients)
     for start in range(0, len(data_columns), step):
-        cols = data_columns[start : start + step] + (columns[len(data_columns):] if start + step >= len(data_columns) else [])
+        cols = data_columns[start : start + step] + (
+            columns[len(data_columns) :] if start + step >= len(data_columns) else []
+        )
         blocks.append(Block(full[0][cols], full[1][cols], marks=full[2][cols], test=test))
     return blocks
 
@@ -264,7 +283,10 @@ def ablation_table(sel: Selection, titles: Mapping[str, str], datasets: Sequence
     rows = [*ABLATIONS, "fedgmc"]
     blocks = []
     for d in datasets:
-        columns = [(dataset_spec(d).title, f"{'non-overlapping' if s == 'metis' else 'overlapping'} {c} clients") for s, c in SETTINGS]
+        columns = [
+            (dataset_spec(d).title, f"{'non-overlapping' if s == 'metis' else 'overlapping'} {c} clients")
+            for s, c in SETTINGS
+        ]
         full = {(m, s, c): sel.cell(m, d, s, c) for m in rows for s, c in SETTINGS}
         text, values = {}, {}
         for m in rows:
@@ -282,17 +304,24 @@ def ablation_table(sel: Selection, titles: Mapping[str, str], datasets: Sequence
     return blocks
 
 
-def time_table(sel: Selection, methods: Sequence[str], titles: Mapping[str, str], datasets: Sequence[str] = TIME_DATASETS) -> list[Block]:
+def time_table(
+    sel: Selection, methods: Sequence[str], titles: Mapping[str, str], datasets: Sequence[str] = TIME_DATASETS
+) -> list[Block]:
     """Table 7: seconds per round per method and setting, with the Average row over the methods shown."""
     blocks = []
     for d in datasets:
-        columns = [(dataset_spec(d).title, f"{'non-overlapping' if s == 'metis' else 'overlapping'} {c} clients") for s, c in SETTINGS]
+        columns = [
+            (dataset_spec(d).title, f"{'non-overlapping' if s == 'metis' else 'overlapping'} {c} clients")
+            for s, c in SETTINGS
+        ]
         text, values = {}, {}
         for m in methods:
             cells = [sel.cell(m, d, s, c, column="seconds_per_round") for s, c in SETTINGS]
             memory = [sel.cell(m, d, s, c, column="peak_memory_bytes") for s, c in SETTINGS]
             label = sel.row_label(m, titles[m], [(d, s, c) for (s, c), cell in zip(SETTINGS, cells) if cell])
-            text[label] = [_with_memory(sel.format(cell, decimals=3, with_std=False), peak) for cell, peak in zip(cells, memory)]
+            text[label] = [
+                _with_memory(sel.format(cell, decimals=3, with_std=False), peak) for cell, peak in zip(cells, memory)
+            ]
             values[label] = [cell.mean if cell and cell.n else math.nan for cell in cells]
         numbers = _frame(values, columns)
         average = numbers.mean(axis=0, skipna=True)
@@ -323,7 +352,7 @@ def dataset_table(data_dir: Path) -> list[Block]:
         else:
             stats = [math.nan] * 4
             text[spec.title] = [""] * 4 + [spec.metric, "absent"]
-        values[spec.title] = stats + [math.nan, math.nan]
+        values[spec.title] = [*stats, math.nan, math.nan]
     frame = _frame(text, columns)
     frame.index.name = "Dataset"
     return [Block(frame, _frame(values, columns), higher_is_better=None)]
@@ -357,7 +386,7 @@ MARK_LEGENDS = {
     "markdown": f"Bold: {_TOP}",
     "latex": f"Bold: {_TOP}",
     "csv": "Columns '<column> top' (best; ns: not significantly worse than the best; worse; n<k: not tested) "
-           "and '<column> p' (adjusted p against the best)",
+    "and '<column> p' (adjusted p against the best)",
 }
 
 
@@ -384,7 +413,9 @@ def _csv(block: Block, caption: str) -> str:
     if block.marks is not None:
         marks = _flat(block.marks)
         for column in marks.columns[marks.notna().any()]:
-            flat[f"{column} top"] = marks[column].map(lambda m: "" if m is None else f"n<{block.test.min_seeds}" if m.verdict == FEW else m.verdict)
+            flat[f"{column} top"] = marks[column].map(
+                lambda m: "" if m is None else f"n<{block.test.min_seeds}" if m.verdict == FEW else m.verdict
+            )
             flat[f"{column} p"] = marks[column].map(lambda m: "" if m is None or math.isnan(m.p) else f"{m.p:.4g}")
     buffer = io.StringIO()
     flat.to_csv(buffer, lineterminator="\n")
@@ -395,7 +426,7 @@ def _latex(block: Block, caption: str) -> str:
     """Bold marks the significance group where a block was tested; else the best bold, the second underlined."""
     marked = block.text.copy()
     if block.marks is not None:
-        marked = marked.mask(_top(block), marked.map(lambda s: r"\textbf{%s}" % s))
+        marked = marked.mask(_top(block), marked.map(lambda s: rf"\textbf{{{s}}}"))
     elif block.higher_is_better is not None:
         for column in block.text.columns:
             ranked = block.values[column].drop(index="Average", errors="ignore").dropna()
@@ -469,7 +500,9 @@ class FoldedTables:
             yield t
 
 
-def _fold(width: int, label: Measurement, full: Sequence[int], least: Sequence[int]) -> list[tuple[list[int], int, list[int]]]:
+def _fold(
+    width: int, label: Measurement, full: Sequence[int], least: Sequence[int]
+) -> list[tuple[list[int], int, list[int]]]:
     """Groups of data columns (indices), each with the width of its label column and of its data columns,
     such that each group's table fits in `width` console columns.
 

@@ -40,8 +40,10 @@ SAMPLER_SEED = 0  # the study's seed; each trial's sampler is seeded from it and
 TPE_STARTUP_TRIALS = 10  # Optuna's default, named so the tuned entry states it: below it TPE draws at random
 PRUNER_STARTUP_TRIALS = 4  # trials the pruner never stops: the median needs a basis
 SAMPLER_SCHEME = "tpe-reseed"  # in the study name: studies of the one-seed-per-process sampler are not continued
-SAMPLER = (f"TPE(seed={SAMPLER_SEED}, per-trial reseed from the seed and the finished-trial count), "
-           f"first {TPE_STARTUP_TRIALS} trials random start-up")  # in the tuned entry's budget
+SAMPLER = (
+    f"TPE(seed={SAMPLER_SEED}, per-trial reseed from the seed and the finished-trial count), "
+    f"first {TPE_STARTUP_TRIALS} trials random start-up"
+)  # in the tuned entry's budget
 RERUN_OF = "rerun_of"  # user attribute of a trial queued for a failed one: that trial's number
 
 
@@ -144,10 +146,14 @@ def tune(
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     cls = method_class(method)
-    probe = make_spec(method, dataset, scheme, clients, 0, None, budget.rounds, budget.local_epochs, shared_schedule=True)
+    probe = make_spec(
+        method, dataset, scheme, clients, 0, None, budget.rounds, budget.local_epochs, shared_schedule=True
+    )
     name = study_name(method, dataset, scheme, clients, budget, probe.rounds, probe.local_epochs)
     url = f"sqlite:///{Path(storage_path).resolve()}"
-    lock = Path(storage_path).with_name(Path(storage_path).name + f".{hashlib.sha256(name.encode()).hexdigest()[:12]}.lock")
+    lock = Path(storage_path).with_name(
+        Path(storage_path).name + f".{hashlib.sha256(name.encode()).hexdigest()[:12]}.lock"
+    )
     with exclusive(lock, f"{method} on {dataset} {scheme}-{clients}"):
         storage = optuna.storages.RDBStorage(url)
         pruner = (optuna.pruners.MedianPruner(n_startup_trials=PRUNER_STARTUP_TRIALS, n_warmup_steps=probe.rounds // 4)
@@ -158,8 +164,17 @@ def tune(
             overrides = {k: str(v) for k, v in values.items()}
             scores = []
             for index, seed in enumerate(budget.tuning_seeds):
-                spec = make_spec(method, dataset, scheme, clients, seed, overrides, budget.rounds, budget.local_epochs,
-                                 shared_schedule=True)  # `fair` runs every method at the dataset's schedule
+                spec = make_spec(
+                    method,
+                    dataset,
+                    scheme,
+                    clients,
+                    seed,
+                    overrides,
+                    budget.rounds,
+                    budget.local_epochs,
+                    shared_schedule=True,
+                )  # `fair` runs every method at the dataset's schedule
                 best = [float("-inf")]
 
                 def on_round(r: int, val: float, test: float, index: int = index, best: list = best) -> None:
@@ -269,11 +284,18 @@ def _write_entry(study: Any, space: Mapping[str, Space], budget: Budget, probe: 
         "values": dict(best.params),
         "validation": best.value,
         "trial": best.number,
-        "budget": {"trials": budget.trials, "tuning_seeds": budget.tuning_seeds,
-                   "pruner": "median" if budget.prune else "none", "rounds": probe.rounds,
-                   "local_epochs": probe.local_epochs, "sampler": SAMPLER},  # fmt: skip
-        "trials": {state: sum(1 for t in trials if t.state == getattr(TrialState, state.upper()))
-                   for state in ("complete", "pruned", "fail")},  # fmt: skip
+        "budget": {
+            "trials": budget.trials,
+            "tuning_seeds": budget.tuning_seeds,
+            "pruner": "median" if budget.prune else "none",
+            "rounds": probe.rounds,
+            "local_epochs": probe.local_epochs,
+            "sampler": SAMPLER,
+        },
+        "trials": {
+            state: sum(1 for t in trials if t.state == getattr(TrialState, state.upper()))
+            for state in ("complete", "pruned", "fail")
+        },
         "trial_seconds": round(seconds, 1),
         "search_space": {k: v.describe() for k, v in space.items()},
         "objective": "mean best-round client-mean validation over the tuning seeds",

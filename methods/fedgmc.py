@@ -47,7 +47,18 @@ from gfl_bench.backbones import BACKBONES, FEDGMC_BACKBONE, H2GCN, H2GCNRepresen
 from gfl_bench.dropout import dropout
 from gfl_bench.errors import UserError
 from gfl_bench.method import (
-    SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server, Setup, at_least, int_range, log_range, non_negative, positive,
+    SHARED_SEARCH_SPACE,
+    Message,
+    Method,
+    MethodParams,
+    Round,
+    Server,
+    Setup,
+    at_least,
+    int_range,
+    log_range,
+    non_negative,
+    positive,
 )
 from gfl_bench.training import TrainingClient
 
@@ -390,7 +401,9 @@ class FedGMCClient(TrainingClient):
         self.anchors = message["anchors"]
         self.templates = message["templates"]
         self.order = self.draw_order()
-        self.sample = None  # placed on the device at first use (`sampled_nodes`), by the batched path for all clients at once
+        self.sample = (
+            None  # placed on the device at first use (`sampled_nodes`), by the batched path for all clients at once
+        )
         self.assignment = None  # solved at the round's first step, kept for its later epochs
 
     def draw_order(self) -> Tensor:
@@ -488,7 +501,9 @@ class FedGMCClient(TrainingClient):
         semantic = [(c, reps) for c, reps in ours if c.params.semantic and c.num_train > 0]
         if len(semantic) >= 2:
             with torch.no_grad():
-                means = torch.stack([class_means(reps.ego[c.train_index], c.train_labels, c.class_counts) for c, reps in semantic])
+                means = torch.stack(
+                    [class_means(reps.ego[c.train_index], c.train_labels, c.class_counts) for c, reps in semantic]
+                )
                 anchors = torch.stack([c.anchors for c, _ in semantic])
                 lefts, rights = procrustes(means, anchors, torch.stack([c.present for c, _ in semantic]))
             for (client, _), solved in zip(semantic, zip(means.unbind(0), lefts.unbind(0), rights.unbind(0))):
@@ -501,11 +516,15 @@ class FedGMCClient(TrainingClient):
         by_size: dict[int, list[tuple[FedGMCClient, Tensor]]] = {}
         with torch.no_grad():
             for client, reps in pending:
-                costs = two_point_wasserstein(radial_sequences(reps, client.sampled_nodes(), client.params.combine), client.templates)
+                costs = two_point_wasserstein(
+                    radial_sequences(reps, client.sampled_nodes(), client.params.combine), client.templates
+                )
                 by_size.setdefault(len(costs), []).append((client, costs))
         for group in by_size.values():
             p = group[0][0].params
-            plans = sinkhorn_assignments(torch.stack([costs for _, costs in group]), p.sinkhorn_reg, p.sinkhorn_relative)
+            plans = sinkhorn_assignments(
+                torch.stack([costs for _, costs in group]), p.sinkhorn_reg, p.sinkhorn_relative
+            )
             for (client, _), plan in zip(group, plans.unbind(0)):
                 client.assignment = plan
 

@@ -28,7 +28,11 @@ def client_curves(method: str) -> dict[str, Any]:
     root = default_data_dir()
     data = DataCache(root, root / "partitions").federated("cora", "metis", 10, 1234)
     record = run(make_spec(method, "cora", "metis", 10, 0, {}, ROUNDS), data, resolve_device("cpu"))
-    return {"client_curves": record["client_curves"], "bytes_up": record["bytes_up"], "bytes_down": record["bytes_down"]}
+    return {
+        "client_curves": record["client_curves"],
+        "bytes_up": record["bytes_up"],
+        "bytes_down": record["bytes_down"],
+    }
 
 
 def main() -> None:

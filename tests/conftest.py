@@ -16,6 +16,7 @@ from gfl_bench.runner import DataCache, FederatedData
 
 torch.set_num_threads(1)  # tiny graphs: threads only add contention on a busy 2-core runner
 
+
 @pytest.fixture(scope="session")
 def tiny_federation() -> FederatedData:
     return DataCache(None, None).federated("tiny", "metis", 5, 1234)

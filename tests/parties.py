@@ -12,7 +12,11 @@ from gfl_bench.runner import FederatedData
 
 
 def build_parties(
-    method: type[Method], params: MethodParams, federation: FederatedData, rounds: int, device: torch.device | None = None
+    method: type[Method],
+    params: MethodParams,
+    federation: FederatedData,
+    rounds: int,
+    device: torch.device | None = None,
 ) -> tuple[Server, list]:
     """One seeded initial model on the method's backbone, copied to the server and to every client."""
     device = device or torch.device("cpu")

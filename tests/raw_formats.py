@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -5,19 +5,32 @@ FedAvg, and the stages show in the record; through the real runner and the CLI o
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
+from parties import build_parties
+from test_scale import NoDenseSquare
 from torch.nn import functional as F
 from typer.testing import CliRunner
 
 import baselines.adafgl as adafgl
 from baselines.adafgl import (
-    AdaFGL, AdaFGLParams, PersonalModel, SignedPropagation, first_personal_round, fusion_weights, homophily_confidence,
-    label_propagation, phase, refine, refined_features, unit_rows,
+    AdaFGL,
+    AdaFGLParams,
+    PersonalModel,
+    SignedPropagation,
+    first_personal_round,
+    fusion_weights,
+    homophily_confidence,
+    label_propagation,
+    phase,
+    refine,
+    refined_features,
+    unit_rows,
 )
 from cli import app
 from gfl_bench.errors import UserError
@@ -26,10 +39,8 @@ from gfl_bench.method import Round, resolve_params
 from gfl_bench.metrics import accuracy
 from gfl_bench.runner import run
 from gfl_bench.spec import make_spec
-from gfl_bench.tables import rule_overrides
 from gfl_bench.store import RunStore
-from parties import build_parties
-from test_scale import NoDenseSquare
+from gfl_bench.tables import rule_overrides
 
 
 def _undirected(pairs: list[tuple[int, int]]) -> torch.Tensor:
@@ -40,7 +51,11 @@ def _undirected(pairs: list[tuple[int, int]]) -> torch.Tensor:
 def _hcs(pairs, y, seed=0) -> float:
     n = y.numel()
     operator = gcn_adjacency(_undirected(pairs), n)
-    return float(homophily_confidence(operator, y, torch.arange(n), int(y.max()) + 1, 10, 0.5, torch.Generator().manual_seed(seed)))
+    return float(
+        homophily_confidence(
+            operator, y, torch.arange(n), int(y.max()) + 1, 10, 0.5, torch.Generator().manual_seed(seed)
+        )
+    )
 
 
 # ------------------------------------------------------------------------------------ HCS test
@@ -52,7 +67,11 @@ def test_label_propagation_reinforces_the_seeds_each_step():
     seeds = torch.tensor([True, False, False])
     y = label_propagation(operator, start, seeds, steps=1, alpha=0.5)
     # one step: αÂY⁰ + (1-α)Y⁰, plus Y⁰ again on the seed row; Â on the edge is [[1/2, 1/2], [1/2, 1/2]]
-    expected = 0.5 * torch.tensor([[0.75, 0.25], [0.75, 0.25], [0.5, 0.5]]) + 0.5 * start + torch.tensor([[1.0, 0.0], [0, 0], [0, 0]])
+    expected = (
+        0.5 * torch.tensor([[0.75, 0.25], [0.75, 0.25], [0.5, 0.5]])
+        + 0.5 * start
+        + torch.tensor([[1.0, 0.0], [0, 0], [0, 0]])
+    )
     torch.testing.assert_close(y, expected)
     torch.testing.assert_close(label_propagation(operator, start, seeds, steps=0, alpha=0.5), start)
 
@@ -107,7 +126,9 @@ def test_refined_topology_by_hand():
     refined = refine(graph, adjacency, extractor, AdaFGLParams(alpha=0.5, prop_steps=2))
     assert float(refined.similar_pairs) == 2.0  # (0, 3) and (3, 0); softmax(P) rows of different classes have cos 0.69
     a1 = torch.tensor([[0.5, 0.25, 0.0, 0.25], [0.25, 0.5, 0.25, 0.0], [0.0, 0.25, 0.5, 0.25], [0.25, 0.0, 0.25, 0.5]])
-    a2 = torch.tensor([[0.375, 0.25, 0.125, 0.25], [0.25, 0.375, 0.25, 0.125], [0.125, 0.25, 0.375, 0.25], [0.25, 0.125, 0.25, 0.375]])
+    a2 = torch.tensor(
+        [[0.375, 0.25, 0.125, 0.25], [0.25, 0.375, 0.25, 0.125], [0.125, 0.25, 0.375, 0.25], [0.25, 0.125, 0.25, 0.375]]
+    )
     torch.testing.assert_close(refined.smoothed, torch.cat([torch.eye(4), a1, a2], dim=1))
     # α = 0.05 (official): degrees 2, 1.1, 1.1, 2
     refined = refine(graph, adjacency, extractor, AdaFGLParams(prop_steps=1))
@@ -198,7 +219,17 @@ def test_blocked_signed_propagation_equals_the_official_dense_code(monkeypatch):
 
 
 def test_stage_two_builds_no_dense_node_by_node_matrix(tiny_federation, cpu, monkeypatch):
-    params = resolve_params(AdaFGL, {"stage2_rounds": "2", "stage2_epochs": "2", "fusion": "mix", "hidden": "16", "stage2_hidden": "16", "prop_steps": "1"})
+    params = resolve_params(
+        AdaFGL,
+        {
+            "stage2_rounds": "2",
+            "stage2_epochs": "2",
+            "fusion": "mix",
+            "hidden": "16",
+            "stage2_hidden": "16",
+            "prop_steps": "1",
+        },
+    )
     server, clients = build_parties(AdaFGL, params, tiny_federation, 2, cpu)
     monkeypatch.setattr(adafgl, "BLOCK_ELEMENTS", 400)
     downloads = server.configure(Round(0), [c.cid for c in clients])
@@ -259,10 +290,14 @@ def test_end_to_end_on_tiny_metis_records_the_stages(tiny_federation, cpu):
     assert record["diagnostics"]["stage"] == [1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0]
     assert record["config"]["params"]["stage2_rounds"] == 4 and record["config"]["params"]["stage2_epochs"] == 4
     assert all(b > 0 for b in record["bytes_up"][:3]) and record["bytes_up"][3:] == [0, 0, 0, 0]
-    assert record["bytes_down"][3] == record["bytes_down"][0] and record["bytes_down"][4:] == [0, 0, 0]  # extractor once
+    assert record["bytes_down"][3] == record["bytes_down"][0] and record["bytes_down"][4:] == [
+        0,
+        0,
+        0,
+    ]  # extractor once
     for client in range(5):  # each client keeps its own best validation prediction: never falls in stage 2
         values = [round_values[client] for round_values in record["client_curves"]["val"][3:]]
-        assert all(b >= a for a, b in zip(values, values[1:]))
+        assert all(b >= a for a, b in itertools.pairwise(values))
     assert record["test"] > 0.5
 
 
@@ -285,7 +320,9 @@ def test_end_to_end_on_tiny_overlap_through_the_cli(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------ the best-epoch switch
 
 
-def _stage_two_predictions(federation, cpu, monkeypatch, keep_best: bool) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
+def _stage_two_predictions(
+    federation, cpu, monkeypatch, keep_best: bool
+) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
     """Every client's kept stage-2 prediction after one round of 40 epochs, and each prediction computed on the way."""
     values = {"stage2_epochs": "40", "stage2_lr": "0.05", "keep_best_epoch": str(keep_best)}
     server, clients = build_parties(AdaFGL, resolve_params(AdaFGL, values), federation, 1, cpu)

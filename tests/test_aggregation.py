@@ -12,7 +12,13 @@ from gfl_bench.method import clone_message
 
 def test_weighted_mean_equals_formula():
     gen = torch.Generator().manual_seed(0)
-    states = [{"w": torch.randn(3, 4, dtype=torch.float64, generator=gen), "b": torch.randn(4, dtype=torch.float64, generator=gen)} for _ in range(5)]
+    states = [
+        {
+            "w": torch.randn(3, 4, dtype=torch.float64, generator=gen),
+            "b": torch.randn(4, dtype=torch.float64, generator=gen),
+        }
+        for _ in range(5)
+    ]
     weights = torch.tensor([3.0, 1.0, 0.0, 7.0, 2.0])
     mean = weighted_mean(states, weights)
     for key in ("w", "b"):
@@ -70,7 +76,7 @@ def test_model_state_excludes_head_and_loads_in_place():
 
 def test_loading_a_state_of_another_shape_or_key_is_an_error():
     model = GCN(5, 8, 3, 0.5)
-    with pytest.raises(ValueError, match="conv1.lin.weight"):  # would broadcast silently with copy_
+    with pytest.raises(ValueError, match=r"conv1\.lin\.weight"):  # would broadcast silently with copy_
         load_model_state(model, {"conv1.lin.weight": torch.zeros(1, 5)})
     with pytest.raises(KeyError, match="nope"):
         load_model_state(model, {"nope": torch.zeros(1)})

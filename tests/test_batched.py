@@ -11,7 +11,6 @@ from gfl_bench.method import Round, Setup, method_class
 from gfl_bench.runner import DataCache, run
 from gfl_bench.spec import make_spec
 
-
 BATCHED_CASES = [
     ("local", {}),
     ("fedavg", {}),
@@ -25,7 +24,10 @@ BATCHED_CASES = [
     ("fedprox", {"backbone": "h2gcn", "mu": "0.5"}),
     ("fedgmc", {}),  # calibration losses on each client's slice of the batched representations
     ("fedgmc", {"share": "all", "combine": "ring"}),
-    ("fedsage+", {"local_gen_epochs": "3", "fed_gen_epochs": "2"}),  # GraphSAGE on the mended graphs, after per-client generator stages
+    (
+        "fedsage+",
+        {"local_gen_epochs": "3", "fed_gen_epochs": "2"},
+    ),  # GraphSAGE on the mended graphs, after per-client generator stages
 ]
 
 
@@ -129,12 +131,22 @@ def test_operator_product_keeps_the_transpose_and_gives_torchs_numbers_bit_for_b
     and the non-symmetric row-normalised mean."""
     import gc
 
-    from gfl_bench.graph_ops import _TRANSPOSES, _transpose, binary_adjacency, gcn_adjacency, operator_product, row_normalized
+    from gfl_bench.graph_ops import (
+        _TRANSPOSES,
+        _transpose,
+        binary_adjacency,
+        gcn_adjacency,
+        operator_product,
+        row_normalized,
+    )
 
     before = len(_TRANSPOSES)
     edge_index = torch.tensor([[0, 1, 1, 2, 0, 2, 3, 1], [1, 0, 2, 1, 2, 0, 1, 3]])
     generator = torch.Generator().manual_seed(0)
-    for operator, symmetric in [(gcn_adjacency(edge_index, 5), True), (row_normalized(binary_adjacency(edge_index, 5)), False)]:
+    for operator, symmetric in [
+        (gcn_adjacency(edge_index, 5), True),
+        (row_normalized(binary_adjacency(edge_index, 5)), False),
+    ]:
         x = torch.randn(5, 3, generator=generator, requires_grad=True)
         upstream = torch.randn(5, 3, generator=generator)
         ours = operator_product(operator, x)
@@ -160,7 +172,9 @@ def test_tiny_mixes_dense_and_sparse_2hop_operators(tiny_federation):
     assert layouts == {torch.strided, torch.sparse_csr}
 
 
-@pytest.mark.parametrize(("method", "overrides"), [("fedprox", {"mu": "0.5"}), ("fedpub", {"regularizer_grad": "true"})])
+@pytest.mark.parametrize(
+    ("method", "overrides"), [("fedprox", {"mu": "0.5"}), ("fedpub", {"regularizer_grad": "true"})]
+)
 def test_penalty_together_is_the_sum_of_the_clients_penalties(tiny_federation, cpu, method, overrides):
     """`penalty_together` on stacked parameters (FedProx's override, FED-PUB's default loop) gives the sum
     of each client's own `penalty` and, to every client's slice, that client's own gradient."""
@@ -220,7 +234,11 @@ def test_first_layer_is_each_clients_own_product_for_dense_and_sparse_features(t
         graph = shared.clone()
         graph.x = graph.x.clone()
         graph.x[:, kept:] = 0.0
-        clients.append(cls.client(cid, graph, build_backbone(spec.params, setup.num_features, setup.num_classes), spec.params, setup))
+        clients.append(
+            cls.client(
+                cid, graph, build_backbone(spec.params, setup.num_features, setup.num_classes), spec.params, setup
+            )
+        )
     trainer = BatchedGCNTraining(clients)
     assert isinstance(trainer.features, ConstantSparse) == (kept == 2)
     weight = trainer.stacks["conv1.lin.weight"]  # [M, F, h]

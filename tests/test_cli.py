@@ -82,7 +82,21 @@ def test_tiny_grid_runs_skips_and_tabulates(env):
 
 
 def test_stacked_seeds_are_stored_one_record_each(env):
-    args = ["run", "-m", "fedavg", "-d", "tiny", "--clients", "5", "--seeds", "3", "--rounds", "2", "--stack-seeds", "2"]
+    args = [
+        "run",
+        "-m",
+        "fedavg",
+        "-d",
+        "tiny",
+        "--clients",
+        "5",
+        "--seeds",
+        "3",
+        "--rounds",
+        "2",
+        "--stack-seeds",
+        "2",
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     records = RunStore(env / "runs.sqlite").frame()
@@ -165,7 +179,9 @@ def test_snapshots_of_a_stored_run_are_made_by_running_it_again(env, tmp_path):
 
 def test_piped_output_is_one_plain_line_per_run_and_a_dry_run_writes_nothing(env):
     runner = CliRunner()
-    result = runner.invoke(app, ["run", "-m", "local,fedavg", "-d", "tiny", "--clients", "5", "--seeds", "1", "--rounds", "3"])
+    result = runner.invoke(
+        app, ["run", "-m", "local,fedavg", "-d", "tiny", "--clients", "5", "--seeds", "1", "--rounds", "3"]
+    )
     assert result.exit_code == 0, result.output
     lines = [line for line in result.stdout.splitlines() if "/2 " in line]
     assert len(lines) == 2 and lines[0].startswith("1/2 local tiny metis-5 seed 0 test ") and " ETA " in lines[0]
@@ -177,18 +193,25 @@ def test_piped_output_is_one_plain_line_per_run_and_a_dry_run_writes_nothing(env
 
 def test_a_table_that_matches_nothing_names_the_nearest_stored_configuration(env):
     runner = CliRunner()
-    assert runner.invoke(app, ["run", "-m", "fedavg", "-d", "tiny", "--clients", "5", "--seeds", "1", "--rounds", "5"]).exit_code == 0
+    assert (
+        runner.invoke(
+            app, ["run", "-m", "fedavg", "-d", "tiny", "--clients", "5", "--seeds", "1", "--rounds", "5"]
+        ).exit_code
+        == 0
+    )
     result = runner.invoke(app, ["table", "-d", "tiny"])
     assert result.exit_code == 2
     assert "fedavg tiny metis-5 with rounds=5" in result.stderr and "--rounds 5`" in result.stderr
     hinted = result.stderr.split("`")[1].split()[1:]  # the exact command it names shows the runs
-    shown = runner.invoke(app, hinted + ["--seeds", "1", "-f", "csv"])
+    shown = runner.invoke(app, [*hinted, "--seeds", "1", "-f", "csv"])
     assert shown.exit_code == 0 and "±" in shown.stdout
 
 
 def test_methods_through_a_pipe_cuts_nothing(env):
     listing = CliRunner().invoke(app, ["methods"])
-    assert "…" not in listing.stdout and "fedgmc-wo-structural" in listing.stdout and "weighting=uniform" in listing.stdout
+    assert (
+        "…" not in listing.stdout and "fedgmc-wo-structural" in listing.stdout and "weighting=uniform" in listing.stdout
+    )
 
 
 def test_per_client_selection_runs_and_tabulates_the_methods_own_selection(env):
@@ -196,7 +219,10 @@ def test_per_client_selection_runs_and_tabulates_the_methods_own_selection(env):
     per-client` (which reads each client's own best round) finds that run; the default rule meets the default run."""
     runner = CliRunner()
     common = ["-m", "adafgl", "-d", "tiny", "--rounds", "3", "--set", "adafgl.stage2_epochs=5"]
-    assert runner.invoke(app, ["run", *common, "--clients", "5", "--seeds", "1", "--selection", "per-client"]).exit_code == 0
+    assert (
+        runner.invoke(app, ["run", *common, "--clients", "5", "--seeds", "1", "--selection", "per-client"]).exit_code
+        == 0
+    )
     with RunStore(env / "runs.sqlite") as store:
         (switched,) = store.records()
     assert "keep_best_epoch" not in switched["config"]["params"]  # on: the value every earlier AdaFGL run had
@@ -248,7 +274,10 @@ def test_a_command_line_that_does_not_parse_is_one_line_and_exit_2(env, args, na
     assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], result.stderr
     assert "╭" not in result.output and "Usage:" not in result.output
     if args[0] != "nope" and "--seeds" not in args[-1:]:
-        assert f"see `gflbench {' '.join(a for a in args[:2] if a in ('run', 'table', 'plot', 'ranks'))} --help`" in lines[0]
+        assert (
+            f"see `gflbench {' '.join(a for a in args[:2] if a in ('run', 'table', 'plot', 'ranks'))} --help`"
+            in lines[0]
+        )
 
 
 def test_no_arguments_still_shows_the_help(env):
@@ -262,7 +291,9 @@ def test_a_non_finite_hyperparameter_is_refused_as_not_a_finite_number(env, valu
     result = CliRunner().invoke(app, ["run", "-m", "fedavg", "-d", "tiny", "--set", f"lr={value}"])
     assert result.exit_code == 2, result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "fedavg.lr=" in lines[0] and "is out of range: it must be a finite number > 0" in lines[0]
+    assert (
+        len(lines) == 1 and "fedavg.lr=" in lines[0] and "is out of range: it must be a finite number > 0" in lines[0]
+    )
     assert not (env / "runs.sqlite").exists()
 
 

@@ -23,11 +23,15 @@ def test_fallbacks_follow_each_methods_registration() -> None:
     """Every registered method: named as a fallback exactly when it does not declare `batchable` (at its
     default backbone), and a batchable method on a backbone without a batched network is named with it."""
     registered = all_methods()
-    assert {m for m, cls in registered.items() if cls.batchable} and {m for m, c in registered.items() if not c.batchable}
+    assert {m for m, cls in registered.items() if cls.batchable} and {
+        m for m, c in registered.items() if not c.batchable
+    }
     for name, cls in registered.items():
         named = per_client_fallbacks([make_spec(name, "cora", "metis", 10, 0)])
         assert named == ([] if cls.batchable else [name]), name
-    assert per_client_fallbacks([make_spec("fedavg", "cora", "metis", 10, 0, {"backbone": "gamlp"})]) == ["fedavg (gamlp)"]
+    assert per_client_fallbacks([make_spec("fedavg", "cora", "metis", 10, 0, {"backbone": "gamlp"})]) == [
+        "fedavg (gamlp)"
+    ]
 
 
 def test_batched_names_the_methods_that_run_per_client(env) -> None:

@@ -23,7 +23,7 @@ HEAVY = ("torch", "torch_geometric", "pandas")  # pandas: 1.5 s, loaded only by 
 
 # Runs each command line of argv[1] (a JSON list of lists) in this interpreter, then prints its exit codes and
 # which of HEAVY it has imported. `then` names a module imported last: the check's own control.
-PROBE = """
+PROBE = f"""
 import json, sys
 commands, then = json.loads(sys.argv[1]), sys.argv[2]
 from cli import app
@@ -35,8 +35,8 @@ for args in commands:
         codes.append(stop.code or 0)
 if then:
     __import__(then)
-print(json.dumps({"codes": codes, "loaded": [m for m in %r if m in sys.modules]}))
-""" % (HEAVY,)
+print(json.dumps({{"codes": codes, "loaded": [m for m in {HEAVY!r} if m in sys.modules]}}))
+"""
 
 
 def _probe(commands: list[list[str]], then: str = "") -> dict:

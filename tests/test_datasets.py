@@ -265,7 +265,9 @@ def _change_one_digit(path: Path) -> bytes:
 
 
 @pytest.mark.skipif(not (REAL_MIRROR / "Cora" / "raw").is_dir(), reason=f"no real mirror at {REAL_MIRROR}")
-def test_a_raw_copy_changed_in_place_is_copied_again_or_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_raw_copy_changed_in_place_is_copied_again_or_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(RAW_MIRROR_ENV, str(REAL_MIRROR))
     first = load_dataset("cora", tmp_path)
     copy = tmp_path / "Cora" / "raw" / "ind.cora.test.index"
@@ -281,8 +283,12 @@ def test_a_raw_copy_changed_in_place_is_copied_again_or_refused(tmp_path: Path, 
     assert str(copy) in str(error.value) and "sha256" in str(error.value)
 
 
-@pytest.mark.parametrize(("name", "named"), [("cora", "Cora/raw/ind.cora.x"), ("amazon-photo", "Photo/raw/amazon_electronics_photo.npz")])
-def test_a_mirror_file_that_is_not_the_published_one_is_refused(name: str, named: str, mirror: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("name", "named"), [("cora", "Cora/raw/ind.cora.x"), ("amazon-photo", "Photo/raw/amazon_electronics_photo.npz")]
+)
+def test_a_mirror_file_that_is_not_the_published_one_is_refused(
+    name: str, named: str, mirror: Path, tmp_path: Path
+) -> None:
     """Stand-ins under the real names: by sha256 where it is known (Cora), by size where only that is (Photo)."""
     raw_formats.WRITERS[name](mirror)
     data_dir = tmp_path / "data"
@@ -296,7 +302,7 @@ def test_a_mirror_file_that_is_not_the_published_one_is_refused(name: str, named
 def test_a_copy_that_differs_from_the_mirror_is_copied_again_without_a_known_checksum(
     mirror: Path, tmp_path: Path, stand_ins: None
 ) -> None:
-    graph, files = raw_formats.WRITERS["roman-empire"](mirror)
+    _graph, files = raw_formats.WRITERS["roman-empire"](mirror)
     data_dir = tmp_path / "data"
     first = load_dataset("roman-empire", data_dir)
     (rel,) = files
@@ -317,7 +323,9 @@ def test_a_processed_file_changed_inside_is_rebuilt(
     data_dir = tmp_path / "data"
     first = load_dataset("cora", data_dir)
     processed = data_dir / "Cora" / "processed" / "data.pt"
-    raw_formats.overwrite_tensor_bytes(processed, graph.x.size * 4, b"\x00\x00\x00\x40" * 16)  # 2.0: never a bag-of-words value
+    raw_formats.overwrite_tensor_bytes(
+        processed, graph.x.size * 4, b"\x00\x00\x00\x40" * 16
+    )  # 2.0: never a bag-of-words value
     monkeypatch.setenv(VERBOSE_ENV, "1")
     capsys.readouterr()
     again = load_dataset("cora", data_dir)

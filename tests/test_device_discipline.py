@@ -55,14 +55,40 @@ FACTORIES = {
     "logspace", "eye", "rand", "randn", "randint", "randperm", "normal", "tril_indices", "triu_indices", "empty_strided",
     "sparse_coo_tensor", "sparse_csr_tensor", "sparse_compressed_tensor", "from_numpy", "frombuffer",
 }  # fmt: skip
-EXEMPT = {"__getitem__", "__setitem__", "copy_", "to", "cpu", "cuda", "index_put_", "index_put", "_has_compatible_shallow_copy_type"}
+EXEMPT = {
+    "__getitem__",
+    "__setitem__",
+    "copy_",
+    "to",
+    "cpu",
+    "cuda",
+    "index_put_",
+    "index_put",
+    "_has_compatible_shallow_copy_type",
+}
 SYNCS = {"item", "tolist", "__float__", "__int__", "__bool__", "__index__", "cpu"}
 # ops whose CUDA kernel reads a value back to the host before it can return (an output shape that
 # depends on the data, or a Python bool): a host sync without a call that says so
 READ_BACK = {"bincount", "nonzero", "argwhere", "unique", "unique_consecutive", "masked_select", "equal"}
 # ops that draw from the generator of the device they run on: on CUDA another stream than the CPU's
-DRAWS = {"rand", "randn", "randint", "randperm", "normal", "bernoulli", "rand_like", "randn_like", "randint_like",
-         "multinomial", "normal_", "uniform_", "bernoulli_", "exponential_", "random_", "dropout"}
+DRAWS = {
+    "rand",
+    "randn",
+    "randint",
+    "randperm",
+    "normal",
+    "bernoulli",
+    "rand_like",
+    "randn_like",
+    "randint_like",
+    "multinomial",
+    "normal_",
+    "uniform_",
+    "bernoulli_",
+    "exponential_",
+    "random_",
+    "dropout",
+}
 TO_NUMPY = {"numpy", "__array__"}
 
 
@@ -150,7 +176,12 @@ class DeviceDiscipline(TorchFunctionMode):
             self.syncs[name] += 1
         if any(p == DEVICE for p in places.values()) and self._reads_back(name, args, kwargs, places):
             self.syncs[name] += 1
-        if name == "to" and self_place == HOST and args[0].dim() > 0 and self._target(name, args, kwargs, places, self_place) == DEVICE:
+        if (
+            name == "to"
+            and self_place == HOST
+            and args[0].dim() > 0
+            and self._target(name, args, kwargs, places, self_place) == DEVICE
+        ):
             self.syncs["to(device)"] += 1  # from pageable host memory CUDA first waits for the device's stream
         if name not in EXEMPT:
             device = any(p == DEVICE for p in places.values())
@@ -183,7 +214,11 @@ class DeviceDiscipline(TorchFunctionMode):
             return any(isinstance(t, torch.Tensor) and t.dtype == torch.bool and places.get(t) == DEVICE for t in index)
         if name == "repeat_interleave":
             repeats = args[1] if len(args) > 1 else kwargs.get("repeats")
-            return isinstance(repeats, torch.Tensor) and places.get(repeats) == DEVICE and kwargs.get("output_size") is None
+            return (
+                isinstance(repeats, torch.Tensor)
+                and places.get(repeats) == DEVICE
+                and kwargs.get("output_size") is None
+            )
         return False
 
     def _target(self, name: str, args: tuple, kwargs: dict, places: dict, self_place: str | None) -> str | None:
@@ -325,7 +360,13 @@ SYNC_BUDGET = {
 # clients' sampled node orders (5 copies), the template refinement's convergence test (`torch.equal`, once
 # per iteration: 7 here, 9 without the semantic term); FedTAD: per server epoch the noise and two pseudo
 # graphs' operators to the device (25).
-IMPLICIT_BUDGET = {"fedgmc": 33, "fedgmc-wo-refinement": 26, "fedgmc-wo-semantic": 35, "fedgmc-wo-structural": 21, "fedtad": 51}
+IMPLICIT_BUDGET = {
+    "fedgmc": 33,
+    "fedgmc-wo-refinement": 26,
+    "fedgmc-wo-semantic": 35,
+    "fedgmc-wo-structural": 21,
+    "fedtad": 51,
+}
 # The batched path, where it makes fewer (explicit, implicit): FedGMC's clients' Sinkhorn costs go to the
 # host in one copy, their sampled node orders to the device in one, and the evaluation needs no masks.
 BATCHED_BUDGET = {
@@ -356,6 +397,8 @@ if __name__ == "__main__":  # every method's host syncs per round, per-client an
         for name in BATCHABLE if batched else METHODS:
             found, rounds = _two_rounds(name, federation, batched)
             second = rounds[1] - rounds[0]
-            print(f"{name:22} {'batched' if batched else 'per-client':10} round 0: {sum(rounds[0].values()):4}  "
-                  f"round 1: explicit {explicit(second):4} implicit {implicit(second):4} {dict(second)}  violations: {dict(found.violations) or 'none'}  "
-                  f"device draws: {sorted(found.draws)}")
+            print(
+                f"{name:22} {'batched' if batched else 'per-client':10} round 0: {sum(rounds[0].values()):4}  "
+                f"round 1: explicit {explicit(second):4} implicit {implicit(second):4} {dict(second)}  violations: {dict(found.violations) or 'none'}  "
+                f"device draws: {sorted(found.draws)}"
+            )

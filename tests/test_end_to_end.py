@@ -32,6 +32,8 @@ def test_real_cora_few_rounds(tmp_path, monkeypatch):
     partition_hashes = {r["partition_hash"] for r in records}
     assert len(partition_hashes) == 1  # every method saw the same partition
 
-    table = CliRunner().invoke(app, ["table", "1", "--rounds", "4", "--store", str(store), "-f", "markdown", "--seeds", "1"])
+    table = CliRunner().invoke(
+        app, ["table", "1", "--rounds", "4", "--store", str(store), "-f", "markdown", "--seeds", "1"]
+    )
     assert table.exit_code == 0, table.output
     assert "| FedPer" in table.stdout and "±" in table.stdout

@@ -24,15 +24,35 @@ from gfl_bench.store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
 CODE = "import sys; from cli import app; sys.argv[0] = 'gflbench'; app()"
-SWEEP = ["sweep", "-m", "fedavg,local", "-d", "tiny", "--clients", "5", "--seeds", "4", "--rounds", "30", "--workers", "2"]
+SWEEP = [
+    "sweep",
+    "-m",
+    "fedavg,local",
+    "-d",
+    "tiny",
+    "--clients",
+    "5",
+    "--seeds",
+    "4",
+    "--rounds",
+    "30",
+    "--workers",
+    "2",
+]
 
 
 def _start(args: list[str], tmp_path: Path, store: Path) -> subprocess.Popen:
     env = dict(os.environ)
     env["GFLBENCH_DATA"] = str(tmp_path / "data")
-    return subprocess.Popen([sys.executable, "-c", CODE, *args, "--store", str(store), "--device", "cpu"],
-                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip  (its own process group: kill it whole)
+    return subprocess.Popen(
+        [sys.executable, "-c", CODE, *args, "--store", str(store), "--device", "cpu"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )  # fmt: skip  (its own process group: kill it whole)
 
 
 def _stored(store: Path) -> dict[str, float]:
@@ -81,8 +101,12 @@ def test_sigkill_of_a_parallel_sweep_at_random_moments_loses_and_duplicates_noth
 
 def test_two_processes_on_one_store_store_each_run_once(tmp_path):
     store = tmp_path / "runs.sqlite"
-    a = _start(["run", "-m", "fedavg", "-d", "tiny", "--clients", "5", "--seeds", "3", "--rounds", "10"], tmp_path, store)
-    b = _start(["run", "-m", "fedavg,local", "-d", "tiny", "--clients", "5", "--seeds", "2", "--rounds", "10"], tmp_path, store)
+    a = _start(
+        ["run", "-m", "fedavg", "-d", "tiny", "--clients", "5", "--seeds", "3", "--rounds", "10"], tmp_path, store
+    )
+    b = _start(
+        ["run", "-m", "fedavg,local", "-d", "tiny", "--clients", "5", "--seeds", "2", "--rounds", "10"], tmp_path, store
+    )
     for proc in (a, b):
         out, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, out
@@ -119,7 +143,9 @@ def test_a_non_finite_loss_is_stored_as_failed_and_the_grid_goes_on(tmp_path):
     with RunStore(store) as runs:
         by_method = {r["method"]: r for r in runs.records()}
     assert by_method["local"]["status"] == "ok"  # the grid went on
-    assert by_method["fedavg"]["status"] == "failed" and "non-finite predictions at round" in by_method["fedavg"]["error"]
+    assert (
+        by_method["fedavg"]["status"] == "failed" and "non-finite predictions at round" in by_method["fedavg"]["error"]
+    )
     listing = subprocess.run([sys.executable, "-c", CODE, "failed", "--store", str(store)], cwd=ROOT,
                              capture_output=True, text=True, timeout=120)  # fmt: skip
     text = listing.stdout
@@ -129,7 +155,9 @@ def test_a_non_finite_loss_is_stored_as_failed_and_the_grid_goes_on(tmp_path):
 @pytest.mark.parametrize("where", ["header", "schema", "inside a record"])
 def test_a_damaged_store_is_refused_by_name_and_left_untouched(tmp_path, where):
     store = tmp_path / "runs.sqlite"
-    first = _start(["run", "-m", "fedavg", "-d", "tiny", "--clients", "5", "--seeds", "2", "--rounds", "3"], tmp_path, store)
+    first = _start(
+        ["run", "-m", "fedavg", "-d", "tiny", "--clients", "5", "--seeds", "2", "--rounds", "3"], tmp_path, store
+    )
     first.communicate(timeout=300)
     with sqlite3.connect(store) as db:
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -138,7 +166,9 @@ def test_a_damaged_store_is_refused_by_name_and_left_untouched(tmp_path, where):
     offset = {"header": 0, "schema": 100, "inside a record": damaged.find(b'"curves"')}[where]
     damaged[offset : offset + 200] = bytes(random.Random(offset).getrandbits(8) for _ in range(200))
     store.write_bytes(bytes(damaged))
-    proc = _start(["run", "-m", "fedavg", "-d", "tiny", "--clients", "5", "--seeds", "4", "--rounds", "3"], tmp_path, store)
+    proc = _start(
+        ["run", "-m", "fedavg", "-d", "tiny", "--clients", "5", "--seeds", "4", "--rounds", "3"], tmp_path, store
+    )
     out, _ = proc.communicate(timeout=300)
     lines = [line for line in out.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and str(store) in lines[0] and "damaged" in lines[0], out
@@ -150,7 +180,9 @@ def test_a_store_from_a_newer_gflbench_is_refused(tmp_path):
     with sqlite3.connect(store) as db:
         db.execute("PRAGMA user_version = 99")
         db.execute("CREATE TABLE runs (run_key TEXT PRIMARY KEY)")
-    proc = _start(["run", "-m", "fedavg", "-d", "tiny", "--clients", "5", "--seeds", "1", "--rounds", "3"], tmp_path, store)
+    proc = _start(
+        ["run", "-m", "fedavg", "-d", "tiny", "--clients", "5", "--seeds", "1", "--rounds", "3"], tmp_path, store
+    )
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2 and "newer gflbench (schema 99" in out and str(store) in out
 
@@ -210,14 +242,16 @@ def test_an_unwritable_data_directory_is_one_clear_line(tmp_path):
     data.write_text("not a folder")
     result = _partitions(tmp_path, mirror, data)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert result.returncode == 2 and len(lines) == 1 and "writable" in lines[0] and str(data) in lines[0], result.stderr
+    assert result.returncode == 2 and len(lines) == 1 and "writable" in lines[0] and str(data) in lines[0], (
+        result.stderr
+    )
 
 
 def test_sigterm_of_a_parallel_sweep_closes_like_ctrl_c_and_resumes(tmp_path):
     """A batch system's stop (SIGTERM to the driver alone): one line, exit 143, no worker left computing,
     no leaked-semaphore warning, and a rerun completes the grid without redoing what was stored."""
     store = tmp_path / "runs.sqlite"
-    grid = [*SWEEP[:SWEEP.index("--rounds")], "--rounds", "100", "--workers", "2"]
+    grid = [*SWEEP[: SWEEP.index("--rounds")], "--rounds", "100", "--workers", "2"]
     proc = _start(grid, tmp_path, store)
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None and not _stored(store):

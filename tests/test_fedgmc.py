@@ -9,6 +9,7 @@ import numpy as np
 import ot
 import pytest
 import torch
+from parties import build_parties
 
 from gfl_bench.errors import UserError
 from gfl_bench.method import Round, Setup, method_class, resolve_params
@@ -27,7 +28,6 @@ from methods.fedgmc import (
     sinkhorn_assignments,
     two_point_wasserstein,
 )
-from parties import build_parties
 
 
 def generator(seed: int = 0) -> torch.Generator:
@@ -177,7 +177,12 @@ def test_batched_sinkhorn_gives_each_problem_its_own_plan() -> None:
     """Three problems of different cost scales in one `ot.solve_batch`: each plan is the one
     `sinkhorn_assignment` solves alone, to within the shared stopping tolerance."""
     templates = random_templates(6, 8, generator(4)).double()
-    costs = torch.stack([two_point_wasserstein(unit_rows(40, 2, 8, seed=s), templates) * scale for s, scale in ((3, 1.0), (5, 7.0), (9, 0.2))])
+    costs = torch.stack(
+        [
+            two_point_wasserstein(unit_rows(40, 2, 8, seed=s), templates) * scale
+            for s, scale in ((3, 1.0), (5, 7.0), (9, 0.2))
+        ]
+    )
     together = sinkhorn_assignments(costs, reg=0.05)
     assert together.shape == (3, 40, 6)
     for problem, plan in zip(costs.unbind(0), together.unbind(0)):
@@ -202,15 +207,23 @@ def test_batched_path_solves_a_rounds_plans_together(tiny_federation, cpu, monke
         def counted(*args, **kwargs):
             calls[name] += 1
             return solver(*args, **kwargs)
+
         return counted
 
     monkeypatch.setattr(fedgmc, "sinkhorn_assignment", count("alone", alone))
     monkeypatch.setattr(fedgmc, "sinkhorn_assignments", count("together", together))
-    record = run(make_spec("fedgmc", "tiny", "metis", 5, 0, rounds=3, local_epochs=2), tiny_federation, cpu, batched=True)
+    record = run(
+        make_spec("fedgmc", "tiny", "metis", 5, 0, rounds=3, local_epochs=2), tiny_federation, cpu, batched=True
+    )
     assert record["execution"] == "batched"
     assert calls == {"alone": 0, "together": 3}  # one per round; the second epoch keeps the round's plans
     calls.update(alone=0, together=0)
-    run(make_spec("fedgmc", "tiny", "metis", 5, 0, {"sinkhorn_marginal": "0.5"}, rounds=3), tiny_federation, cpu, batched=True)
+    run(
+        make_spec("fedgmc", "tiny", "metis", 5, 0, {"sinkhorn_marginal": "0.5"}, rounds=3),
+        tiny_federation,
+        cpu,
+        batched=True,
+    )
     assert calls == {"alone": 15, "together": 0}
 
 

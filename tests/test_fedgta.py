@@ -10,8 +10,17 @@ import torch
 from torch_geometric.data import Data
 
 from baselines.fedgta import (
-    FedGTA, FedGTAClient, FedGTAParams, FedGTAServer, acceptance_sets, mixing_matrix, moment_vector,
-    propagate_labels, seed_labels, smoothed_outputs, smoothing_confidence,
+    FedGTA,
+    FedGTAClient,
+    FedGTAParams,
+    FedGTAServer,
+    acceptance_sets,
+    mixing_matrix,
+    moment_vector,
+    propagate_labels,
+    seed_labels,
+    smoothed_outputs,
+    smoothing_confidence,
 )  # fmt: skip
 from gfl_bench.aggregation import mixtures, model_state, weighted_mean
 from gfl_bench.backbones import GAMLP, build_backbone
@@ -143,7 +152,10 @@ def test_a_client_unlike_all_others_mixes_only_with_itself():
     for seed in range(4):
         torch.manual_seed(seed)
         states.append(model_state(GAMLP(5, 8, 3, 0.0)))
-    uploads = {cid: {"weights": states[cid], "moments": moments[cid], "confidence": torch.tensor(float(cid + 1))} for cid in range(4)}
+    uploads = {
+        cid: {"weights": states[cid], "moments": moments[cid], "confidence": torch.tensor(float(cid + 1))}
+        for cid in range(4)
+    }
     server.aggregate(Round(0), uploads)
     assert all(torch.equal(server.personalised[3][k], states[3][k]) for k in states[3])
     expected = weighted_mean(states[:3], torch.tensor([1.0, 2.0, 3.0]))
@@ -222,8 +234,20 @@ def test_params_are_checked_and_the_paper_preset_is_the_official_config():
         resolve_params(FedGTA, {"moment_type": "raw"})
     with pytest.raises(UserError, match="out of range"):
         resolve_params(FedGTA, {"accept": "1"})
-    official = {"hidden": "64", "lr": "0.01", "weight_decay": "0.0005", "dropout": "0.5", "local_epochs": "3", "rounds": "100"}
-    assert FedGTA.paper_preset("cora", "metis", 10) == {**official, "moment_type": "hybrid", "moments": "6", "accept": "0.5"}
+    official = {
+        "hidden": "64",
+        "lr": "0.01",
+        "weight_decay": "0.0005",
+        "dropout": "0.5",
+        "local_epochs": "3",
+        "rounds": "100",
+    }
+    assert FedGTA.paper_preset("cora", "metis", 10) == {
+        **official,
+        "moment_type": "hybrid",
+        "moments": "6",
+        "accept": "0.5",
+    }
     assert FedGTA.paper_preset("pubmed", "metis", 10)["moment_type"] == "origin"
     assert FedGTA.paper_preset("minesweeper", "metis", 10) == official  # config.py sets moments for three datasets only
     assert FedGTA.paper_preset("tiny", "metis", 5) == {}  # the synthetic test graph runs the Params defaults

@@ -7,19 +7,36 @@ import math
 
 import pytest
 import torch
+from parties import build_parties
 from torch_geometric.data import Data
 
 from baselines.fedici import (
-    FedICI, FedICIParams, affinities, client_subspaces, greedy_subspace_cosines, initial_client_graph, learn_client_graph,
-    one_newton_threshold, personalised_states, principal_directions, simplex_projection, subspace_cosines,
+    FedICI,
+    FedICIParams,
+    affinities,
+    client_subspaces,
+    greedy_subspace_cosines,
+    initial_client_graph,
+    learn_client_graph,
+    one_newton_threshold,
+    personalised_states,
+    principal_directions,
+    simplex_projection,
+    subspace_cosines,
 )  # fmt: skip
 from gfl_bench.aggregation import weighted_mean
-from gfl_bench.backbones import BACKBONES, UniFilter, train_homophily, unibasis, unifilter_adjacency, unifilter_components
+from gfl_bench.backbones import (
+    BACKBONES,
+    UniFilter,
+    train_homophily,
+    unibasis,
+    unifilter_adjacency,
+    unifilter_components,
+)
 from gfl_bench.errors import UserError
 from gfl_bench.method import Round
 from gfl_bench.runner import DataCache, run
 from gfl_bench.spec import make_spec
-from parties import build_parties
 
 SQRT_HALF = 1 / math.sqrt(2)
 
@@ -57,7 +74,9 @@ def test_heterophily_bases_on_a_path_by_hand():
     adj = unifilter_adjacency(_path(3), 3)
     x = torch.tensor([[1.0], [0.0], [0.0]], dtype=torch.float64)
     u, g = unifilter_components(adj, x, 2, homophily=0.5)
-    torch.testing.assert_close(g[0, :, 0], torch.tensor([SQRT_HALF, SQRT_HALF, 0.0], dtype=torch.float64))  # (v0 + tan θ v1)/‖·‖
+    torch.testing.assert_close(
+        g[0, :, 0], torch.tensor([SQRT_HALF, SQRT_HALF, 0.0], dtype=torch.float64)
+    )  # (v0 + tan θ v1)/‖·‖
     c = SQRT_HALF
     t2 = math.sqrt(((1 + c) / (2 * c)) ** 2 - (1 + c) / 2)  # ⟨s2, g1⟩ = 1 + c, s2 = g0 + g1
     g2 = torch.tensor([(1 + c) / 2, c / 2, t2], dtype=torch.float64)
@@ -109,7 +128,12 @@ def test_homophily_ratio_reads_training_labels_only():
 
 
 def test_filter_and_head():
-    graph = Data(x=torch.rand(4, 3), edge_index=_path(4), y=torch.tensor([0, 1, 0, 1]), train_mask=torch.ones(4, dtype=torch.bool))
+    graph = Data(
+        x=torch.rand(4, 3),
+        edge_index=_path(4),
+        y=torch.tensor([0, 1, 0, 1]),
+        train_mask=torch.ones(4, dtype=torch.bool),
+    )
     params = FedICIParams(levels=2, tau=0.5, hidden=8, mlp_layers=3)
     UniFilter.prepare(graph, params)
     assert graph.unifilter_bases.shape == (3, 4, 3) and graph.unifilter_bases.dtype == torch.float32
@@ -143,12 +167,16 @@ def test_prepared_bases_follow_the_options(tiny_federation, cpu):
 
 def test_principal_directions_match_the_exact_pca():
     torch.manual_seed(2)
-    x = torch.randn(60, 5, dtype=torch.float64) @ torch.randn(5, 40, dtype=torch.float64) + 0.01 * torch.randn(60, 40, dtype=torch.float64)
+    x = torch.randn(60, 5, dtype=torch.float64) @ torch.randn(5, 40, dtype=torch.float64) + 0.01 * torch.randn(
+        60, 40, dtype=torch.float64
+    )
     fast = principal_directions(x, 3, torch.Generator().manual_seed(0))
     exact = torch.linalg.svd(x - x.mean(0), full_matrices=False).Vh[:3]
     torch.testing.assert_close(fast.abs(), exact.abs(), atol=1e-8, rtol=0)  # same directions, signs aside
     torch.testing.assert_close(fast @ fast.T, torch.eye(3, dtype=torch.float64))
-    small = principal_directions(torch.tensor([[1.0, 2.0, 0.0], [3.0, 2.0, 0.0]], dtype=torch.float64), 3, torch.Generator())
+    small = principal_directions(
+        torch.tensor([[1.0, 2.0, 0.0], [3.0, 2.0, 0.0]], dtype=torch.float64), 3, torch.Generator()
+    )
     torch.testing.assert_close(small[0], torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64))  # rank 1 after centring
     assert torch.equal(small[1:], torch.zeros(2, 3, dtype=torch.float64))
 
@@ -179,17 +207,25 @@ def test_principal_angles_by_hand():
     greedy = greedy_subspace_cosines(planes)
     # (abs 1e-4: the official + 1e-10 under the cosines' denominator moves arccos(1) by ~1e-5)
     assert greedy[0, 2].item() == pytest.approx(math.cos(math.pi / 6), abs=1e-4)
-    assert greedy[0, 1].item() == pytest.approx(math.cos(math.pi / 3), abs=1e-4)  # cosines 0 and −1: greedy takes 0, 0 → π/2 + π/2
+    assert greedy[0, 1].item() == pytest.approx(
+        math.cos(math.pi / 3), abs=1e-4
+    )  # cosines 0 and −1: greedy takes 0, 0 → π/2 + π/2
 
 
 def test_simplex_projection_and_the_official_newton_step():
     h = torch.tensor([[1.2, 0.1, -0.3], [0.6, 0.6, -0.2], [1 / 3, 1 / 3, 1 / 3]], dtype=torch.float64)
     w = simplex_projection(h)
-    torch.testing.assert_close(w, torch.tensor([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]], dtype=torch.float64))
+    torch.testing.assert_close(
+        w, torch.tensor([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]], dtype=torch.float64)
+    )
     # one Newton step from b = 0: b = ((1/M) Σ ReLU(−h)) / (1 − #neg/M)
     newton = one_newton_threshold(h)
-    torch.testing.assert_close(newton[1], torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64))  # exact when one step suffices
-    torch.testing.assert_close(newton[0], torch.tensor([1.05, 0.0, 0.0], dtype=torch.float64))  # b = 0.15: row sums to 1.05
+    torch.testing.assert_close(
+        newton[1], torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64)
+    )  # exact when one step suffices
+    torch.testing.assert_close(
+        newton[0], torch.tensor([1.05, 0.0, 0.0], dtype=torch.float64)
+    )  # b = 0.15: row sums to 1.05
 
 
 def test_affinities_rows_sum_to_one_and_the_code_symmetrises():
@@ -247,7 +283,9 @@ def test_personalised_states_mix_filter_levels_by_their_own_graph():
     mixed = personalised_states(states, overall, levels)
     torch.testing.assert_close(mixed[0]["classifier.weight"], torch.tensor([[2.0]]))
     torch.testing.assert_close(mixed[1]["classifier.weight"], torch.tensor([[3.0]]))
-    torch.testing.assert_close(mixed[0]["level_weights"], torch.tensor([[1.0], [5.0], [5.5]]))  # W row, W^(1) row, W^(2) row
+    torch.testing.assert_close(
+        mixed[0]["level_weights"], torch.tensor([[1.0], [5.0], [5.5]])
+    )  # W row, W^(1) row, W^(2) row
     torch.testing.assert_close(mixed[1]["level_weights"], torch.tensor([[2.0], [5.0], [1.0]]))
 
 
@@ -257,7 +295,9 @@ SMALL = {"levels": "3", "hidden": "32", "graph_rounds": "2"}
 
 
 def _run(federation, cpu, scheme="metis", clients=5, seed=0, rounds=4, **overrides):
-    spec = make_spec("fedici", "tiny", scheme, clients, seed, {**SMALL, **{k: str(v) for k, v in overrides.items()}}, rounds=rounds)
+    spec = make_spec(
+        "fedici", "tiny", scheme, clients, seed, {**SMALL, **{k: str(v) for k, v in overrides.items()}}, rounds=rounds
+    )
     return run(spec, federation, cpu)
 
 
@@ -267,7 +307,9 @@ def test_params_and_preset():
     with pytest.raises(UserError, match="graph_rule"):
         FedICIParams(graph_rule="greedy")
     cora = FedICI.paper_preset("cora", "metis", 10)
-    assert cora["levels"] == "7" and cora["beta"] == "2.2" and "principal_dims" not in cora  # k_principal: parser default 3
+    assert (
+        cora["levels"] == "7" and cora["beta"] == "2.2" and "principal_dims" not in cora
+    )  # k_principal: parser default 3
     assert FedICI.paper_preset("minesweeper", "metis", 20)["gamma"] == "50"  # one block for every client count
     assert FedICI.paper_preset("tiny", "metis", 5) == {}
 
@@ -309,7 +351,12 @@ def test_runs_on_tiny_are_deterministic_and_send_subspaces_only_while_learning_g
     assert a["curves"] != c["curves"]
     up = a["bytes_up"]
     assert up[0] == up[1] > up[2] == up[3]  # subspaces in rounds 0 and 1 only
-    weights = sum(p.numel() * 4 for p in UniFilter(tiny_federation.num_features, 32, tiny_federation.num_classes, 0.0, levels=3).state_dict().values())
+    weights = sum(
+        p.numel() * 4
+        for p in UniFilter(tiny_federation.num_features, 32, tiny_federation.num_classes, 0.0, levels=3)
+        .state_dict()
+        .values()
+    )
     assert up[2] == 5 * weights
     assert up[0] - up[2] == 5 * 4 * (3 * 3) * 4 * tiny_federation.num_features  # 4 subspaces of q·K·F floats each
     assert all(1 / 5 < w < 1 for w in a["diagnostics"]["self_weight"])  # personalised, not uniform, not local

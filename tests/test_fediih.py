@@ -8,11 +8,19 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from parties import build_parties
 from torch.nn import functional as F
 
 from baselines.fedavg import FedAvg, FedAvgParams
 from baselines.fediih import (
-    FedIIH, FedIIHParams, edge_keys, factor_similarity, factorwise_mix, gaussian_kl, global_prior, mixing_weights,
+    FedIIH,
+    FedIIHParams,
+    edge_keys,
+    factor_similarity,
+    factorwise_mix,
+    gaussian_kl,
+    global_prior,
+    mixing_weights,
     reconstruction_loss,
 )  # fmt: skip
 from gfl_bench.aggregation import weighted_mean
@@ -21,7 +29,6 @@ from gfl_bench.errors import UserError
 from gfl_bench.method import Round, resolve_params
 from gfl_bench.runner import DataCache, run
 from gfl_bench.spec import make_spec
-from parties import build_parties
 
 SMALL = {"hidden": 8, "routing_layers": 1, "routing_iters": 2}  # 1 base routing layer and 1 per head: fast
 
@@ -91,7 +98,10 @@ def test_vectorised_routing_equals_the_loop_over_edges(kernel):
     z = torch.randn(7, 3, 4, generator=generator)
     edge_index = torch.tensor([[0, 1, 1, 2, 3, 4, 5, 5, 6, 0, 0], [1, 0, 2, 1, 2, 5, 4, 6, 5, 3, 3]])  # (0, 3) twice
     torch.testing.assert_close(
-        neighbourhood_routing(z, edge_index, 3, 0.5, kernel), _routing_by_loops(z, edge_index, 3, 0.5), rtol=1e-5, atol=1e-6
+        neighbourhood_routing(z, edge_index, 3, 0.5, kernel),
+        _routing_by_loops(z, edge_index, 3, 0.5),
+        rtol=1e-5,
+        atol=1e-6,
     )
     assert torch.equal(neighbourhood_routing(z, edge_index, 0, kernel=kernel), F.normalize(z, dim=2))  # T = 0: ẑ
 
@@ -259,7 +269,10 @@ def test_factor_blocks_are_mixed_with_their_own_weights():
     # blocks of width h > 1, uniform weights: the FedAvg mean of every tensor
     generator = torch.Generator().manual_seed(0)
     states = [
-        {"projection.weight": torch.randn(6, 4, generator=generator), "classifier.weight": torch.randn(3, 6, generator=generator)}
+        {
+            "projection.weight": torch.randn(6, 4, generator=generator),
+            "classifier.weight": torch.randn(3, 6, generator=generator),
+        }
         for _ in range(4)
     ]
     (uniform,) = factorwise_mix(states, torch.full((2, 1, 4), 0.25), DisenGCN.factor_axes)
@@ -349,7 +362,9 @@ def test_routing_kernel_keeps_the_planetoid_keys_and_keys_the_sparse_runs():
     sparse_cora = make_spec("fediih", "cora", "metis", 10, 0, {"routing_kernel": "sparse"})
     assert sparse_cora.config()["params"]["routing_kernel"] == "sparse" and sparse_cora.run_key != cora.run_key
     minesweeper = make_spec("fediih", "minesweeper", "metis", 10, 0)
-    assert minesweeper.params.routing_kernel == "sparse" and minesweeper.config()["params"]["routing_kernel"] == "sparse"
+    assert (
+        minesweeper.params.routing_kernel == "sparse" and minesweeper.config()["params"]["routing_kernel"] == "sparse"
+    )
 
 
 def test_both_kernels_train_the_same_network(tiny_federation, cpu):

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from parties import build_parties
 
 from baselines.fedpub import FedPub, FedPubClient, FedPubParams, MaskedGCN, mixing_weights, proxy_graph
 from gfl_bench.backbones import GCN
 from gfl_bench.runner import run
 from gfl_bench.spec import make_spec
-from parties import build_parties
 
 
 def _run(federation, cpu, seed=0, rounds=4, **overrides):
@@ -74,7 +74,14 @@ def test_pruned_mask_is_the_masked_fill_bit_for_bit(dtype, below):
     at = torch.tensor(below, dtype=dtype)
     edges = torch.stack([at, torch.nextafter(at, torch.zeros_like(at)), torch.nextafter(at, torch.ones_like(at) * 2)])
     special = torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf")], dtype=dtype)
-    mask = torch.cat([edges, -edges, special, torch.randn(10_000, dtype=dtype, generator=torch.Generator().manual_seed(3)) * max(below, 1e-3) * 2])
+    mask = torch.cat(
+        [
+            edges,
+            -edges,
+            special,
+            torch.randn(10_000, dtype=dtype, generator=torch.Generator().manual_seed(3)) * max(below, 1e-3) * 2,
+        ]
+    )
     expected = mask.masked_fill(mask.abs() < below, 0.0)
     pruned = model.pruned(mask)
     assert torch.equal(pruned.isnan(), expected.isnan())

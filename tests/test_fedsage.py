@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
+from parties import build_parties
 
 from baselines.fedsage import (
     FedSagePlus,
@@ -17,7 +17,6 @@ from baselines.fedsage import (
 from gfl_bench.method import Round, clone_message, resolve_params
 from gfl_bench.runner import run
 from gfl_bench.spec import make_spec
-from parties import build_parties
 
 FAST = {"local_gen_epochs": "10", "fed_gen_epochs": "3"}  # fewer generator epochs: a fast file, same exchanges
 
@@ -88,7 +87,7 @@ def test_what_crosses_the_wire_in_the_generator_phase(driven):
                 assert torch.allclose(down["gradient"], total)
         assert not any("weights" in u for u in uploads.values())  # no classifier weights in phase 1
     assert "weights" in exchanges[stages][1][0]  # round 0 ends with the first FedAvg exchange
-    assert any(u["generated"].numel() > 0 for _, _, ups in exchanges[2:stages - 1:2] for u in ups.values())
+    assert any(u["generated"].numel() > 0 for _, _, ups in exchanges[2 : stages - 1 : 2] for u in ups.values())
 
 
 def test_greedy_loss_matches_each_slot_to_its_closest_true_neighbour():
@@ -122,8 +121,10 @@ def test_without_federated_epochs_the_client_mends_right_after_pretraining(tiny_
     clients, exchanges, _ = drive(tiny_federation, fed_gen_epochs="0")
     assert [r for r, _, _ in exchanges] == [Round(0, 0), Round(0, 1)]
     assert all(u == {} for u in exchanges[0][2].values())  # nothing leaves a client in local pretraining
-    assert all(c.graph.num_nodes == g.num_nodes + int(slot_counts(c.missing_degree, 5).sum())
-               for c, g in zip(clients, tiny_federation.graphs))
+    assert all(
+        c.graph.num_nodes == g.num_nodes + int(slot_counts(c.missing_degree, 5).sum())
+        for c, g in zip(clients, tiny_federation.graphs)
+    )
 
 
 def test_impaired_graph_hides_validation_nodes_only(tiny_federation):

@@ -9,18 +9,28 @@ import math
 
 import pytest
 import torch
+from parties import build_parties
 
 from baselines.fedavg import FedAvg
 from baselines.fedssa import (
-    FedSSA, FedSSAParams, class_gaussians, cluster_clients, cluster_distributions, energy_distances, energy_grams, gaussian_kl,
-    normalized_laplacian, semantic_alignment_loss, semantic_distances, spectral_energy,
+    FedSSA,
+    FedSSAParams,
+    class_gaussians,
+    cluster_clients,
+    cluster_distributions,
+    energy_distances,
+    energy_grams,
+    gaussian_kl,
+    normalized_laplacian,
+    semantic_alignment_loss,
+    semantic_distances,
+    spectral_energy,
 )
 from gfl_bench.backbones import build_backbone
 from gfl_bench.errors import UserError
 from gfl_bench.method import Round, Setup, resolve_params
 from gfl_bench.runner import DataCache, run
 from gfl_bench.spec import make_spec
-from parties import build_parties
 
 # ------------------------------------------------------------------ semantic part
 
@@ -54,7 +64,9 @@ def test_gaussian_kl_and_the_semantic_alignment_loss_on_a_tiny_example():
     present = torch.tensor([1.0, 0.0, 1.0])  # class 1 not represented by the cluster
     loss = semantic_alignment_loss(means, variances, counts, target_means, target_variances, present)
     assert loss.item() == pytest.approx(0.5 * math.log(2))  # only class 0 is held by both
-    assert semantic_alignment_loss(means, variances, counts, means, variances, torch.ones(3)).item() == pytest.approx(0.0)
+    assert semantic_alignment_loss(means, variances, counts, means, variances, torch.ones(3)).item() == pytest.approx(
+        0.0
+    )
     none = semantic_alignment_loss(means, variances, counts, target_means, target_variances, torch.zeros(3))
     assert none.item() == 0.0
 
@@ -146,13 +158,17 @@ def test_spectral_energy_on_a_hand_computed_case():
 def test_spectral_energy_equals_the_rayleigh_quotients_of_the_filtered_signal():
     generator = torch.Generator().manual_seed(1)
     edge_index = torch.tensor([[0, 1, 1, 2, 2, 3, 3, 0, 0, 2], [1, 0, 2, 1, 3, 2, 0, 3, 2, 0]])
-    bases = torch.randn(3, 5, 4, generator=generator, dtype=torch.float64)  # K+1 = 3 levels, 5 nodes (one isolated), F = 4
+    bases = torch.randn(
+        3, 5, 4, generator=generator, dtype=torch.float64
+    )  # K+1 = 3 levels, 5 nodes (one isolated), F = 4
     weights = torch.randn(3, 4, generator=generator, dtype=torch.float64)
     laplacian = normalized_laplacian(edge_index, 5)
     grams = energy_grams(bases, laplacian.to(torch.float64), moments=3)
     z = (weights[:, None, :] * bases).sum(0)  # Z = Σ_k w_k ⊙ b_k
     dense = laplacian.to_dense().double()
-    expected = torch.stack([torch.trace(z.T @ torch.linalg.matrix_power(dense, p) @ z) for p in (1, 2, 3)]) / (z**2).sum()
+    expected = (
+        torch.stack([torch.trace(z.T @ torch.linalg.matrix_power(dense, p) @ z) for p in (1, 2, 3)]) / (z**2).sum()
+    )
     torch.testing.assert_close(spectral_energy(weights, grams), expected)
     eigenvalues = torch.linalg.eigvalsh(dense)
     assert 0 <= expected[0] <= 2 and eigenvalues.min() > -1e-6 and eigenvalues.max() < 2 + 1e-6
@@ -167,7 +183,13 @@ def test_spectral_energy_equals_the_rayleigh_quotients_of_the_filtered_signal():
 def _server(num_clients: int, **overrides: str):
     params = resolve_params(FedSSA, {"levels": "1", "hidden": "4", "energy_moments": "2", **overrides})
     setup = Setup(
-        num_features=3, num_classes=2, num_clients=num_clients, rounds=5, local_epochs=1, device=torch.device("cpu"), seed=0
+        num_features=3,
+        num_classes=2,
+        num_clients=num_clients,
+        rounds=5,
+        local_epochs=1,
+        device=torch.device("cpu"),
+        seed=0,
     )
     torch.manual_seed(0)
     return FedSSA.server(build_backbone(params, 3, 2), params, setup)
@@ -239,14 +261,18 @@ def test_with_alignment_off_one_cluster_and_a_shared_filter_fedssa_is_fedavg(tin
         torch.manual_seed(5)
         for index in range(4):
             downloads = server.configure(Round(index), list(range(len(clients))))
-            uploads = {cid: client.fit(Round(index), copy.deepcopy(downloads[cid])) for cid, client in enumerate(clients)}
+            uploads = {
+                cid: client.fit(Round(index), copy.deepcopy(downloads[cid])) for cid, client in enumerate(clients)
+            }
             server.aggregate(Round(index), uploads)
         predictions.append(torch.cat([client.predict() for client in clients]))
     assert torch.equal(predictions[0], predictions[1])
 
 
 def test_filter_stays_local_and_is_pulled_towards_the_cluster_filters_energy(tiny_federation, cpu):
-    params = FedSSAParams(levels=2, hidden=16, structural_clusters=1, semantic_weight=0.0, elbo_weight=0.0, structural_weight=1e4)
+    params = FedSSAParams(
+        levels=2, hidden=16, structural_clusters=1, semantic_weight=0.0, elbo_weight=0.0, structural_weight=1e4
+    )
     server, clients = build_parties(FedSSA, params, tiny_federation, 3, cpu)
     for index in range(3):
         downloads = server.configure(Round(index), list(range(len(clients))))

@@ -8,19 +8,30 @@ import math
 
 import pytest
 import torch
+from parties import build_parties
 from torch.nn import functional as F
 from torch_geometric.data import Data
 
 from baselines.fedtad import (
-    FedTAD, FedTADParams, PseudoGraphGenerator, class_reliability, diversity_loss, knn_edges, landing_probabilities,
-    node_weights, normalise_reliability, pseudo_labels, walk_embedding, weighted_cross_entropy, weighted_l1_gap,
+    FedTAD,
+    FedTADParams,
+    PseudoGraphGenerator,
+    class_reliability,
+    diversity_loss,
+    knn_edges,
+    landing_probabilities,
+    node_weights,
+    normalise_reliability,
+    pseudo_labels,
+    walk_embedding,
+    weighted_cross_entropy,
+    weighted_l1_gap,
 )
 from gfl_bench.aggregation import model_state
 from gfl_bench.errors import UserError
 from gfl_bench.method import Round, resolve_params
 from gfl_bench.runner import DataCache, run
 from gfl_bench.spec import make_spec
-from parties import build_parties
 
 
 def _undirected(pairs: list[tuple[int, int]]) -> torch.Tensor:
@@ -85,7 +96,9 @@ def test_class_reliability_by_hand():
     # path 0 - 1 - 2; node 0 (class 0) and node 2 (class 1) are training nodes, node 1 is not
     x = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
     topology = torch.zeros(3, 1)
-    graph = Data(x=x, edge_index=PATH, y=torch.tensor([0, 1, 1]), train_mask=torch.tensor([True, False, True]), num_nodes=3)
+    graph = Data(
+        x=x, edge_index=PATH, y=torch.tensor([0, 1, 1]), train_mask=torch.tensor([True, False, True]), num_nodes=3
+    )
     ckr = class_reliability(graph, topology, num_classes=3)
     cos = 1 / math.sqrt(2)  # cos([1,0],[1,1]) = cos([0,1],[1,1])
     torch.testing.assert_close(ckr, torch.tensor([(1 + cos) / 2, (1 + cos) / 2, 0.0]))
@@ -165,7 +178,9 @@ def test_the_distillation_step_lowers_the_l1_gap_on_a_fixed_batch(tiny_federatio
     server.average(uploads)
     teachers, weights = server.teachers_and_weights(uploads)
     assert weights.shape == (5, server.params.num_gen)
-    torch.testing.assert_close(weights.sum(), torch.tensor(float(len(set(server.labels.tolist())))))  # Σ_i ĉ = 1 per class
+    torch.testing.assert_close(
+        weights.sum(), torch.tensor(float(len(set(server.labels.tolist()))))
+    )  # Σ_i ĉ = 1 per class
     z = torch.randn(server.params.num_gen, server.params.noise_dim, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         graph = server.pseudo_graph(server.generator(z, server.labels))
@@ -195,7 +210,7 @@ def test_the_generator_step_moves_only_the_generator(tiny_federation, cpu):
 
 
 def test_clients_upload_tensors_and_their_reliability_once_computed(tiny_federation, cpu):
-    server, clients, uploads = _server_with_uploads(tiny_federation, cpu)
+    _server, clients, uploads = _server_with_uploads(tiny_federation, cpu)
     for client, upload in zip(clients, uploads.values()):
         assert set(upload) == {"weights", "num_train", "num_nodes", "reliability"}
         assert upload["reliability"].shape == (tiny_federation.num_classes,)
@@ -237,7 +252,14 @@ def test_without_server_epochs_fedtad_is_fedavg(tiny_federation, cpu):
     fedtad = _run(tiny_federation, cpu, rounds=5, glb_epochs=0, weighting="uniform")
     assert fedtad["curves"] == fedavg["curves"]  # the server's own RNG draws leave the clients' stream alone
     params = resolve_params(FedTAD, {"glb_epochs": "0", "weighting": "uniform"})
-    fedavg_params = {"backbone": "gcn", "hidden": 128, "lr": 0.01, "weight_decay": 1e-6, "dropout": 0.5, "weighting": "uniform"}
+    fedavg_params = {
+        "backbone": "gcn",
+        "hidden": 128,
+        "lr": 0.01,
+        "weight_decay": 1e-6,
+        "dropout": 0.5,
+        "weighting": "uniform",
+    }
     assert FedTAD.equivalent(params, "metis", 1) == ("fedavg", fedavg_params)
     assert FedTAD.equivalent(resolve_params(FedTAD, {}), "metis", 1) is None
 

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from parties import build_parties
 
 from baselines.gcfl import GCFL, NORMS, GCFLParams, dtw_distance, split_criterion
 from gfl_bench.aggregation import model_state
@@ -14,14 +15,21 @@ from gfl_bench.backbones import GCN
 from gfl_bench.method import Round, Setup, resolve_params
 from gfl_bench.runner import run
 from gfl_bench.spec import make_spec
-from parties import build_parties
 
 GROUP_A, GROUP_B = [0, 1, 2], [3, 4, 5]
 
 
 def _server(num_clients: int = 6, **overrides: str):
     params = resolve_params(GCFL, {"eps1": "0.5", "eps2": "0.8", **overrides})
-    setup = Setup(num_features=8, num_classes=3, num_clients=num_clients, rounds=30, local_epochs=1, device=torch.device("cpu"), seed=0)
+    setup = Setup(
+        num_features=8,
+        num_classes=3,
+        num_clients=num_clients,
+        rounds=30,
+        local_epochs=1,
+        device=torch.device("cpu"),
+        seed=0,
+    )
     torch.manual_seed(0)
     return GCFL.server(GCN(8, 4, 3, 0.5), params, setup)
 
@@ -32,7 +40,10 @@ def _uploads(server, scales: dict[int, float], sizes: dict[int, int] | None = No
     total = sum(v.numel() for v in shared.values()) ** 0.5
     direction = {k: torch.ones_like(v) / total for k, v in shared.items()}
     return {
-        cid: {"update": {k: scale * v for k, v in direction.items()}, "num_train": torch.tensor((sizes or {}).get(cid, 10))}
+        cid: {
+            "update": {k: scale * v for k, v in direction.items()},
+            "num_train": torch.tensor((sizes or {}).get(cid, 10)),
+        }
         for cid, scale in scales.items()
     }
 

@@ -124,7 +124,9 @@ def test_leftover_partial_cache_files_of_dead_processes_are_removed(graph, tmp_p
 def _gflbench(args: list[str], data: Path) -> None:
     """The command in a process of its own, as a user runs it (no dataset or partition kept in memory)."""
     env = {**os.environ, "GFLBENCH_DATA": str(data)}
-    result = subprocess.run([sys.executable, "-c", CODE, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-c", CODE, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -146,7 +148,9 @@ def test_the_record_carries_the_fingerprint_of_its_data(tmp_path):
     from gfl_bench.datasets import data_fingerprint
 
     store = tmp_path / "s.sqlite"
-    result = CliRunner().invoke(app, [*TINY_RUN, "--clients", "5", "--store", str(store)], env={"GFLBENCH_DATA": str(tmp_path)})
+    result = CliRunner().invoke(
+        app, [*TINY_RUN, "--clients", "5", "--store", str(store)], env={"GFLBENCH_DATA": str(tmp_path)}
+    )
     assert result.exit_code == 0, result.output
     (record,) = RunStore(store).records()
     assert record["data_fingerprint"] == data_fingerprint(load_dataset("tiny"))
@@ -168,9 +172,15 @@ def test_a_data_seed_out_of_range_is_one_line_and_nothing_stored(tmp_path, seed)
     store = tmp_path / "s.sqlite"
     env = {"GFLBENCH_DATA": str(tmp_path / "data")}
     runner = CliRunner()
-    _one_line(runner.invoke(app, [*TINY_RUN, "--clients", "5", "--data-seed", seed, "--store", str(store)], env=env), "--data-seed", seed)
+    _one_line(
+        runner.invoke(app, [*TINY_RUN, "--clients", "5", "--data-seed", seed, "--store", str(store)], env=env),
+        "--data-seed",
+        seed,
+    )
     assert not store.exists()
-    _one_line(runner.invoke(app, ["partitions", "-d", "tiny", "--clients", "5", "--data-seed", seed], env=env), "--data-seed")
+    _one_line(
+        runner.invoke(app, ["partitions", "-d", "tiny", "--clients", "5", "--data-seed", seed], env=env), "--data-seed"
+    )
     with pytest.raises(UserError, match="data seed"):
         cached_partition(tiny_graph(), "tiny", "metis", 5, int(seed), FRACTIONS, None)
 
@@ -184,6 +194,8 @@ def test_a_data_folder_where_the_partition_cache_cannot_be_written_is_one_line(t
     data, store = tmp_path / "data", tmp_path / "s.sqlite"
     data.mkdir()
     (data / "partitions").write_text("not a folder")  # unwritable even for root, as CI runs
-    result = CliRunner().invoke(app, [*TINY_RUN, "--clients", "5", "--store", str(store)], env={"GFLBENCH_DATA": str(data)})
+    result = CliRunner().invoke(
+        app, [*TINY_RUN, "--clients", "5", "--store", str(store)], env={"GFLBENCH_DATA": str(data)}
+    )
     _one_line(result, str(data / "partitions"), "writable")
     assert not store.exists()

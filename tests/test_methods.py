@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-
 import torch
+from parties import build_parties
 
 from baselines.fedper import FedPer
 from gfl_bench.aggregation import model_state
 from gfl_bench.method import Round, method_class, resolve_params
 from gfl_bench.runner import run
 from gfl_bench.spec import make_spec
-from parties import build_parties
 
 
 def _run(method, federation, device, seed=0, rounds=6, local_epochs=None, **overrides):

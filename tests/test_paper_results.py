@@ -46,7 +46,9 @@ def test_avg_all_is_the_mean_of_the_row(table):
 
 def test_ablation_drop_matches_fedgmc():
     """Table 6 prints each variant's drop; our transcription must give the same difference."""
-    assert paper_cell(6, "fedgmc", "cora", "metis", 10)[0] - paper_cell(6, "fedgmc-wo-structural", "cora", "metis", 10)[0] == pytest.approx(8.39)
+    assert paper_cell(6, "fedgmc", "cora", "metis", 10)[0] - paper_cell(6, "fedgmc-wo-structural", "cora", "metis", 10)[
+        0
+    ] == pytest.approx(8.39)
     assert math.isnan(paper_cell(7, "fedgmc", "cora", "metis", 10)[1])  # Table 7 has no std
 
 

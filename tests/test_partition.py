@@ -11,8 +11,21 @@ from torch_geometric.data import Data
 from gfl_bench.datasets import tiny_graph
 from gfl_bench.errors import UserError
 from gfl_bench.partition import (
-    CLIENTS_PER_PART, DIRICHLET_MIN_NODES, TEST, TRAIN, VAL, cached_partition, check_clients, client_graphs,
-    dirichlet_clients, louvain_clients, louvain_communities, make_partition, metis_parts, scheme_label, split_nodes,
+    CLIENTS_PER_PART,
+    DIRICHLET_MIN_NODES,
+    TEST,
+    TRAIN,
+    VAL,
+    cached_partition,
+    check_clients,
+    client_graphs,
+    dirichlet_clients,
+    louvain_clients,
+    louvain_communities,
+    make_partition,
+    metis_parts,
+    scheme_label,
+    split_nodes,
 )  # fmt: skip
 
 
@@ -80,7 +93,9 @@ def test_partition_cache_roundtrip(graph, tmp_path):
     assert other_seed.digest() != first.digest()
 
 
-@pytest.mark.parametrize(("scheme", "clients"), [("overlap", 7), ("overlap", 0), ("metis", 0), ("spectral", 5), ("louvain", 0)])
+@pytest.mark.parametrize(
+    ("scheme", "clients"), [("overlap", 7), ("overlap", 0), ("metis", 0), ("spectral", 5), ("louvain", 0)]
+)
 def test_impossible_client_counts_are_user_errors(scheme, clients):
     with pytest.raises(UserError):
         check_clients(scheme, clients)
@@ -128,13 +143,17 @@ def test_louvain_keeps_two_joined_cliques_whole():
 
 def test_louvain_merges_small_communities_and_cuts_large_ones():
     # capacity 12 // 2 = 6, slack 0: four 3-node communities pair up; a 12-node one is cut into two 6s
-    assert louvain_clients([[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]], 12, 2) == [[0, 1, 2, 3, 4, 5],
-                                                                                    [6, 7, 8, 9, 10, 11]]
+    assert louvain_clients([[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]], 12, 2) == [
+        [0, 1, 2, 3, 4, 5],
+        [6, 7, 8, 9, 10, 11],
+    ]
     assert louvain_clients([list(range(12))], 12, 2) == [list(range(6)), list(range(6, 12))]
     # capacity 450 // 2 = 225, slack 20: a 150-node community stays whole (<= 205), a 300-node one is cut
     # into 205 + 95; largest first: 205 -> client 0, 150 -> client 1 (205 + 150 > 245), 95 -> client 1 (= 245)
-    assert louvain_clients([list(range(300)), list(range(300, 450))], 450, 2) == [list(range(205)),
-                                                                               list(range(205, 450))]
+    assert louvain_clients([list(range(300)), list(range(300, 450))], 450, 2) == [
+        list(range(205)),
+        list(range(205, 450)),
+    ]
 
 
 def test_louvain_refuses_more_clients_than_the_communities_allow():

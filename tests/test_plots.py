@@ -28,7 +28,9 @@ def test_convergence_figure(tmp_path):
             _put(runs, "fedavg", seed)
             _put(runs, "local", seed, test=0.8)
     out = tmp_path / "fig" / "conv"
-    result = CliRunner().invoke(app, ["plot", "convergence", "-d", "cora", "--rounds", "5", "--store", str(store), "--out", str(out)])
+    result = CliRunner().invoke(
+        app, ["plot", "convergence", "-d", "cora", "--rounds", "5", "--store", str(store), "--out", str(out)]
+    )
     assert result.exit_code == 0, result.output
     for suffix in (".png", ".pdf"):
         assert (out.with_suffix(suffix)).stat().st_size > 1000
@@ -41,7 +43,11 @@ def test_sensitivity_reads_one_at_a_time_variations(tmp_path):
     # every value of every parameter, with the four defaults shared by one configuration
     assert len(specs) == 2 * (sum(len(v) for v in plots.SENSITIVITY.values()) - 3)
     assert len({s.run_key for s in specs}) == len(specs)
-    assert {s.params.Q for s in specs if s.params.B == 64 and s.params.tau == 1.0 and s.params.eta == 0.1} >= {5, 20, 40}
+    assert {s.params.Q for s in specs if s.params.B == 64 and s.params.tau == 1.0 and s.params.eta == 0.1} >= {
+        5,
+        20,
+        40,
+    }
     rows = [{"run_key": s.run_key, "config_key": s.config_key, "method": "fedgmc", "dataset": "cora", "scheme": "metis",
              "clients": 10, "seed": s.seed, "status": "ok", "test": 0.8 + 0.001 * s.seed} for s in specs]  # fmt: skip
     written = plots.sensitivity(Selection(pd.DataFrame(rows), {}, 5), "cora", "metis", 10, tmp_path / "sens")
@@ -50,6 +56,7 @@ def test_sensitivity_reads_one_at_a_time_variations(tmp_path):
 
 def test_case_study_figure(tmp_path):
     gen = torch.Generator().manual_seed(0)
+
     def snapshot() -> dict:
         return {
             "anchors": torch.randn(4, 8, generator=gen),
@@ -59,5 +66,6 @@ def test_case_study_figure(tmp_path):
             "local_structural": [torch.randn(16, 2, 8, generator=gen) for _ in range(3)],
             "assignment": [torch.softmax(torch.randn(16, 5, generator=gen), 1) for _ in range(3)],
         }  # fmt: skip
+
     written = plots.case_study(snapshot(), snapshot(), "synthetic", tmp_path / "case")
     assert all(p.exists() and p.stat().st_size > 1000 for p in written)

@@ -55,7 +55,9 @@ def test_protocol_enters_the_configuration_key(tmp_path):
 
 
 def test_fair_reads_tuned_values_and_names_the_tune_command_when_missing(tmp_path):
-    with pytest.raises(MissingTuning, match="gflbench tune --method fedprox --dataset tiny --partition metis --clients 5"):
+    with pytest.raises(
+        MissingTuning, match="gflbench tune --method fedprox --dataset tiny --partition metis --clients 5"
+    ):
         make_spec("fedprox", "tiny", "metis", 5, 0, protocol="fair", tuned=tmp_path)
     write_tuned(tmp_path, "tiny", "metis", 5, "fedprox", {"values": {"lr": 0.02, "mu": 0.5, "backbone": "h2gcn-tanh"}})
     params = make_spec("fedprox", "tiny", "metis", 5, 0, protocol="fair", tuned=tmp_path).params
@@ -66,7 +68,7 @@ def test_fair_reads_tuned_values_and_names_the_tune_command_when_missing(tmp_pat
 
 def test_a_damaged_tuned_file_is_one_clear_error(tmp_path):
     (tmp_path / "tiny-metis-5.json").write_text("{not json")
-    with pytest.raises(UserError, match="tiny-metis-5.json"):
+    with pytest.raises(UserError, match=r"tiny-metis-5\.json"):
         make_spec("fedavg", "tiny", "metis", 5, 0, protocol="fair", tuned=tmp_path)
 
 
@@ -95,7 +97,9 @@ def test_record_stores_the_protocol_and_tables_never_mix_protocols(env):
     frame = RunStore(env / "runs.sqlite").frame()
     assert sorted(frame["protocol"]) == ["fair", "fair", "paper"]
     for protocol, seeds in (("paper", 1), ("fair", 2)):
-        shown = runner.invoke(app, ["table", "--protocol", protocol, "-d", "tiny", "--rounds", "4", "--seeds", "2", "-f", "csv"])
+        shown = runner.invoke(
+            app, ["table", "--protocol", protocol, "-d", "tiny", "--rounds", "4", "--seeds", "2", "-f", "csv"]
+        )
         assert shown.exit_code == 0, shown.output
         assert f"Protocol: {protocol}" in shown.stdout
         row = next(line for line in shown.stdout.splitlines() if line.startswith("FedAvg [gcn]"))
@@ -111,8 +115,12 @@ def test_same_computation_rows_are_marked(env):
     rows = {line.split(",")[0]: line.split(",")[1] for line in table.stdout.splitlines()}
     assert rows["FedProx [gcn] ≡ FedAvg"] == rows["FedAvg [gcn]"] == rows["FedGNN [gcn] ≡ FedAvg"]
     # two local epochs: the proximal term acts, the mark goes
-    assert runner.invoke(app, ["run", "-m", "fedavg,fedprox", *TINY, "--seeds", "1", "--local-epochs", "2"]).exit_code == 0
-    two = runner.invoke(app, ["table", "-d", "tiny", "--rounds", "4", "--local-epochs", "2", "--seeds", "1", "-f", "csv"])
+    assert (
+        runner.invoke(app, ["run", "-m", "fedavg,fedprox", *TINY, "--seeds", "1", "--local-epochs", "2"]).exit_code == 0
+    )
+    two = runner.invoke(
+        app, ["table", "-d", "tiny", "--rounds", "4", "--local-epochs", "2", "--seeds", "1", "-f", "csv"]
+    )
     assert "FedProx [gcn]," in two.stdout and "≡" not in two.stdout
 
 
@@ -131,7 +139,9 @@ def test_tune_then_run_fair_then_table(env):
     assert ran.exit_code == 0, ran.output
     record = next(r for r in RunStore(env / "runs.sqlite").records() if r["method"] == "fedprox")
     assert record["config"]["params"]["mu"] == content["methods"]["fedprox"]["values"]["mu"]
-    table = runner.invoke(app, ["table", "--protocol", "fair", "-d", "tiny", "--rounds", "4", "--seeds", "1", "-f", "csv"])
+    table = runner.invoke(
+        app, ["table", "--protocol", "fair", "-d", "tiny", "--rounds", "4", "--seeds", "1", "-f", "csv"]
+    )
     assert table.exit_code == 0 and "tuned on validation" in table.stdout
     missing = runner.invoke(app, ["run", "-m", "local", *TINY, "--seeds", "1", "--protocol", "fair"])
     assert missing.exit_code == 2 and "gflbench tune --method local" in missing.stderr
@@ -208,7 +218,11 @@ def test_fair_searches_every_value_the_paper_protocol_uses(name):
                     value = getattr(params, key, None)
                     if value is None:
                         continue
-                    inside = value in searched.choices if searched.kind == "choice" else searched.low <= value <= searched.high
+                    inside = (
+                        value in searched.choices
+                        if searched.kind == "choice"
+                        else searched.low <= value <= searched.high
+                    )
                     if not inside:
                         outside.add((key, value, searched.describe()))
     assert not outside, sorted(outside)
@@ -270,6 +284,7 @@ def test_parallel_tunes_of_one_setting_keep_every_entry(tmp_path):
 
 def test_a_field_added_after_runs_keys_only_its_other_values():
     """`MethodParams.added_after_runs`: at the value earlier runs had, the field stays out of the key."""
+
     @dataclass(frozen=True)
     class Extended(FedAvgParams):
         added_after_runs: ClassVar[dict[str, str]] = {"kernel": "old"}

@@ -4,7 +4,6 @@ site, and the page in a real browser (Debian's chromium, headless; docs/report.m
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import shutil
@@ -41,7 +40,9 @@ def store(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def site(store, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site") / "site"
-    result = _cli("report", "--store", str(store), "--rounds", "3", "--seeds", "3", "--out", str(out), env={STAMP_ENV: STAMP})
+    result = _cli(
+        "report", "--store", str(store), "--rounds", "3", "--seeds", "3", "--out", str(out), env={STAMP_ENV: STAMP}
+    )
     assert result.exit_code == 0, result.output
     return out
 
@@ -66,7 +67,10 @@ def test_the_site_shows_the_stores_cells_with_marks_provenance_and_figures(site,
             value = sel.format(sel.cell(method, "tiny", "metis", clients))  # what `gflbench table` prints
             assert f'<a href="#cell-paper-{method}-tiny-metis-{clients}">{value}</a>' in html
             details = _details(html, f"paper-{method}-tiny-metis-{clients}")
-            assert f"gflbench run -m {method} -d tiny --partition metis --clients {clients} --seeds 3 --rounds 3" in details
+            assert (
+                f"gflbench run -m {method} -d tiny --partition metis --clients {clients} --seeds 3 --rounds 3"
+                in details
+            )
             assert "best client-mean validation round" in details and "right after its local training" in details
             assert "Params default" in details and "lr" in details  # every hyperparameter with its source
     assert html.count('class="best"') + html.count('class="best second"') >= 2  # a best entry in each tested column
@@ -104,7 +108,9 @@ def test_a_rebuild_replaces_a_previous_report(site, store, tmp_path):
     (out / "assets" / "stale.svg").write_text("old")
     marker = json.loads((out / MARKER).read_text())
     (out / MARKER).write_text(json.dumps({**marker, "files": [*marker["files"], "assets/stale.svg"]}))
-    result = _cli("report", "--store", str(store), "--rounds", "3", "--seeds", "3", "--out", str(out), env={STAMP_ENV: STAMP})
+    result = _cli(
+        "report", "--store", str(store), "--rounds", "3", "--seeds", "3", "--out", str(out), env={STAMP_ENV: STAMP}
+    )
     assert result.exit_code == 0, result.output
     assert _files(out) == _files(site)  # the stale file of the previous report is gone
 
@@ -147,7 +153,9 @@ def test_records_files_give_the_same_site_as_their_store(site, store, tmp_path):
     exported = tmp_path / "runs.jsonl.gz"
     assert _cli("export", str(exported), "--store", str(store)).exit_code == 0
     out = tmp_path / "from-records"
-    result = _cli("report", "--records", str(exported), "--rounds", "3", "--seeds", "3", "--out", str(out), env={STAMP_ENV: STAMP})
+    result = _cli(
+        "report", "--records", str(exported), "--rounds", "3", "--seeds", "3", "--out", str(out), env={STAMP_ENV: STAMP}
+    )
     assert result.exit_code == 0, result.output
     ours, theirs = _files(out), _files(site)
     assert ours.keys() == theirs.keys()
@@ -160,7 +168,9 @@ def test_two_cells_commands_reproduce_their_cells(site, store, tmp_path):
     with RunStore(store) as runs:
         original = {(r["method"], r["clients"], r["seed"]): r["test"] for r in runs.records()}
     for method, clients in (("fedavg", 5), ("local", 10)):
-        command = re.search(r'<code class="command">(.*?)</code>', _details(html, f"paper-{method}-tiny-metis-{clients}")).group(1)
+        command = re.search(
+            r'<code class="command">(.*?)</code>', _details(html, f"paper-{method}-tiny-metis-{clients}")
+        ).group(1)
         args = shlex.split(command.replace("&#39;", "'"))
         assert args[:2] == ["gflbench", "run"]
         fresh = tmp_path / f"{method}.sqlite"
@@ -178,13 +188,20 @@ def test_a_fedgmc_cell_shows_its_case_study_or_the_commands_that_make_it(tmp_pat
     store = tmp_path / "runs.sqlite"
     assert _cli("run", "-m", "fedgmc", *TINY, "--clients", "5", "--seeds", "1", "--store", str(store)).exit_code == 0
     plain = tmp_path / "plain"
-    result = _cli("report", "--store", str(store), "--rounds", "3", "--seeds", "1", "--out", str(plain), env={STAMP_ENV: STAMP})
+    result = _cli(
+        "report", "--store", str(store), "--rounds", "3", "--seeds", "1", "--out", str(plain), env={STAMP_ENV: STAMP}
+    )
     assert result.exit_code == 0, result.output
     html = (plain / "index.html").read_text()
     details = _details(html, "paper-fedgmc-tiny-metis-5")
     assert "No case-study figure" in details and "run records do not hold" in details and "<img" not in details
-    assert '<a href="#cell-paper-fedgmc-tiny-metis-5">' in html.split('<section id="case-study">')[1].split("</section>")[0]
-    run_command, plot_command = (shlex.split(c.replace("&#39;", "'")) for c in re.findall(r'<code class="command">(.*?)</code>', details)[1:])
+    assert (
+        '<a href="#cell-paper-fedgmc-tiny-metis-5">'
+        in html.split('<section id="case-study">')[1].split("</section>")[0]
+    )
+    run_command, plot_command = (
+        shlex.split(c.replace("&#39;", "'")) for c in re.findall(r'<code class="command">(.*?)</code>', details)[1:]
+    )
     assert run_command[-2:] == ["--snapshot-rounds", "0,2"] and plot_command[:3] == ["gflbench", "plot", "case-study"]
     assert _cli(*run_command[1:], "--store", str(store)).exit_code == 0
     with RunStore(store) as runs:
@@ -202,7 +219,9 @@ def test_a_fedgmc_cell_shows_its_case_study_or_the_commands_that_make_it(tmp_pat
                   "--snapshots", str(snapshots), env={STAMP_ENV: STAMP})  # fmt: skip
     assert result.exit_code == 0, result.output
     details = _details((drawn / "index.html").read_text(), "paper-fedgmc-tiny-metis-5")
-    src = re.search(r'<figure class="case-study"><img src="(assets/case-study-paper-fedgmc-tiny-metis-5\.svg)"', details)
+    src = re.search(
+        r'<figure class="case-study"><img src="(assets/case-study-paper-fedgmc-tiny-metis-5\.svg)"', details
+    )
     assert src and "No case-study figure" not in details
     svg = (drawn / src.group(1)).read_text()
     assert "Semantic manifolds, before refinement" in svg and "Structural manifolds, after refinement" in svg
@@ -228,7 +247,11 @@ def test_the_whole_grid_is_costed_from_the_measured_rounds(tmp_path, monkeypatch
     part = whole["rows"][0]
     # 100 rounds each: 2.0 × (1.0 / 2.0) = 1 s; 3.0 × 2.0 / 1.0 = 6 s (stand-in, scaled); 3.0 × 4.0 / 1.0 = 12 s (bound)
     assert part["runs"] == 4 and part["with_basis"] == 3 and part["bounded"] == 1
-    assert (part["hours"], part["stand_in_hours"], part["scaled_hours"]) == (f"{1900 / 3600:.1f}", f"{1800 / 3600:.1f}", f"{1800 / 3600:.1f}")
+    assert (part["hours"], part["stand_in_hours"], part["scaled_hours"]) == (
+        f"{1900 / 3600:.1f}",
+        f"{1800 / 3600:.1f}",
+        f"{1800 / 3600:.1f}",
+    )
     assert whole["no_ratio"] == "none" and whole["machine"] == "here"
     local = next(r for r in whole["matrix"] if r["method"] == "Local")["cells"]
     assert local[0] == {"text": "≥4.00", "classes": "bound"}  # Cora's column
@@ -265,7 +288,9 @@ def test_the_page_in_a_headless_browser(site, tmp_path):
     assert re.search(rf'<details class="provenance target" id="cell-{cell}" open="">', dom)
     assert len(re.findall(r"<details[^>]* open=", dom)) == 1  # only the cell asked for
     shot = tmp_path / "page.png"
-    taken = _browse(chromium, (site / "index.html").as_uri(), "--hide-scrollbars", "--window-size=1280,800", f"--screenshot={shot}")
+    taken = _browse(
+        chromium, (site / "index.html").as_uri(), "--hide-scrollbars", "--window-size=1280,800", f"--screenshot={shot}"
+    )
     assert taken.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -275,7 +300,9 @@ def test_the_browser_check_sees_a_broken_page(site, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(site, broken)
     index = broken / "index.html"
-    index.write_text(index.read_text().replace("</body>", '<script>notDefined();</script><img src="assets/gone.svg"></body>'))
+    index.write_text(
+        index.read_text().replace("</body>", '<script>notDefined();</script><img src="assets/gone.svg"></body>')
+    )
     shown = _browse(chromium, index.as_uri(), "--dump-dom")
     assert any("Uncaught ReferenceError" in line for line in shown.stderr.splitlines())
     assert 'data-figures="missing"' in shown.stdout and "notDefined" in shown.stdout

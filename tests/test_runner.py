@@ -9,9 +9,9 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from gfl_bench.datasets import DATASETS
+from gfl_bench.errors import UserError
 from gfl_bench.metrics import accuracy, metric_of_clients, roc_auc
 from gfl_bench.runner import best_round, per_client_best, resolve_device, run
-from gfl_bench.errors import UserError
 from gfl_bench.spec import make_spec
 
 
@@ -44,7 +44,9 @@ def test_record_reports_test_at_best_validation_round(tiny_federation, device):
     assert (record["val_client_best"], record["test_client_best"]) == per_client_best(
         record["client_curves"]["val"], per_client_test
     )
-    assert record["val_client_best"] >= record["val"] - 1e-6  # float32 client mean; each client's own best cannot be worse on validation
+    assert (
+        record["val_client_best"] >= record["val"] - 1e-6
+    )  # float32 client mean; each client's own best cannot be worse on validation
     assert len(record["seconds_per_round"]) == 8 and all(s > 0 for s in record["seconds_per_round"])
     assert record["config"]["params"]["backbone"] == "gcn" and record["protocol"] == "paper"
     assert record["partition_hash"] == tiny_federation.partition.digest()
@@ -138,8 +140,8 @@ def test_nondeterministic_kernels_are_named_and_other_warnings_kept():
         warnings.filterwarnings("always", message="kept")
         with nondeterministic_kernels() as kernels:
             torch.zeros(3).put_(torch.tensor([0, 0]), torch.tensor([1.0, 2.0]))
-            warnings.warn("kept")
-            warnings.warn("dropped as before")
+            warnings.warn("kept", stacklevel=1)
+            warnings.warn("dropped as before", stacklevel=1)
     assert kernels == {"put_"}
     assert [str(w.message) for w in shown] == ["kept"]
 
@@ -162,7 +164,9 @@ def test_seeded_restores_the_runs_generators(monkeypatch):
     with randomness.seeded(123, torch.device("cpu")):
         assert torch.equal(torch.rand(3), inside)
     forked = []
-    monkeypatch.setattr(torch.random, "fork_rng", lambda **kw: forked.append(kw) or __import__("contextlib").nullcontext())
+    monkeypatch.setattr(
+        torch.random, "fork_rng", lambda **kw: forked.append(kw) or __import__("contextlib").nullcontext()
+    )
     monkeypatch.setattr(torch, "manual_seed", lambda seed: None)
     with randomness.seeded(1, torch.device("cuda", 1)):
         pass
@@ -177,8 +181,12 @@ def test_cuda_peak_memory_counts_the_runs_own_graphs_once(monkeypatch):
     from gfl_bench import runner
 
     counters = {"allocated": 0, "reserved": 0, "max_allocated": 0, "max_reserved": 0}
-    for name, key in (("memory_allocated", "allocated"), ("memory_reserved", "reserved"),
-                      ("max_memory_allocated", "max_allocated"), ("max_memory_reserved", "max_reserved")):
+    for name, key in (
+        ("memory_allocated", "allocated"),
+        ("memory_reserved", "reserved"),
+        ("max_memory_allocated", "max_allocated"),
+        ("max_memory_reserved", "max_reserved"),
+    ):
         monkeypatch.setattr(torch.cuda, name, lambda device=None, key=key: counters[key])  # fmt: skip
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)

@@ -55,8 +55,16 @@ def test_the_arxiv_sized_graph_has_arxivs_shape():
 @pytest.mark.parametrize("name", sorted(set(all_methods()) - SKIPPED))
 def test_no_method_builds_a_dense_node_by_node_matrix(biggest_client, name):
     n = biggest_client.graphs[0].num_nodes
-    spec = make_spec(name, "synthetic-arxiv-size", "metis", 10, 0, {"hidden": "64", **SETTINGS.get(name, {})},
-                     rounds=1, local_epochs=1)
+    spec = make_spec(
+        name,
+        "synthetic-arxiv-size",
+        "metis",
+        10,
+        0,
+        {"hidden": "64", **SETTINGS.get(name, {})},
+        rounds=1,
+        local_epochs=1,
+    )
     with NoDenseSquare(n):
         record = run(spec, biggest_client, torch.device("cpu"))
     assert record["status"] == "ok" and n > 10_000

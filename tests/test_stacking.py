@@ -28,7 +28,10 @@ def test_each_stacked_seed_equals_its_run_alone(tiny_federation, device, method,
     for together, single in zip(stacked, alone, strict=True):
         np.testing.assert_allclose(together["client_curves"]["val"], single["client_curves"]["val"], atol=atol)
         np.testing.assert_allclose(together["client_curves"]["test"], single["client_curves"]["test"], atol=atol)
-        assert together["bytes_up"] == single["bytes_up"] and together["diagnostics"].keys() == single["diagnostics"].keys()
+        assert (
+            together["bytes_up"] == single["bytes_up"]
+            and together["diagnostics"].keys() == single["diagnostics"].keys()
+        )
     assert len({r["test"] for r in stacked}) > 1  # the seeds really differ: no run read another's stream
 
 

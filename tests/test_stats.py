@@ -70,13 +70,17 @@ def test_compare_to_best_marks_each_method_against_the_best_mean():
     marks = compare_to_best(samples, PairedTest("t"))
     assert set(marks) == {"a", "close", "far", "short", "other_seeds"}
     assert marks["a"].verdict == "best" and marks["a"].n == 3
-    assert marks["short"].verdict == "few" and marks["other_seeds"] == significance.Mark("few", marks["other_seeds"].p, 1)
+    assert marks["short"].verdict == "few" and marks["other_seeds"] == significance.Mark(
+        "few", marks["other_seeds"].p, 1
+    )
     raw = [PairedTest("t").pvalue(samples["a"].to_numpy(), samples[m].to_numpy()) for m in ("close", "far")]
     assert [marks["close"].p, marks["far"].p] == pytest.approx(list(holm(raw)))  # the family: the two tested
     assert marks["close"].verdict == "ns" and marks["far"].verdict == "worse" and marks["far"].p < 0.05
     assert marks["close"].top and not marks["far"].top
     # no method with three seeds: nothing is tested, every entry says so
-    assert {m.verdict for m in compare_to_best({"x": _seeds(1.0), "y": _seeds(2.0, 3.0)}, PairedTest()).values()} == {"few"}
+    assert {m.verdict for m in compare_to_best({"x": _seeds(1.0), "y": _seeds(2.0, 3.0)}, PairedTest()).values()} == {
+        "few"
+    }
 
 
 def test_friedman_and_critical_difference_on_a_hand_ranked_matrix():
@@ -129,7 +133,9 @@ def store(tmp_path_factory):
 
 
 def _table(store, fmt: str, *extra: str):
-    result = CliRunner().invoke(app, ["table", "1", "-d", "cora", "-f", fmt, "--store", str(store), "--seeds", "3", *extra])
+    result = CliRunner().invoke(
+        app, ["table", "1", "-d", "cora", "-f", fmt, "--store", str(store), "--seeds", "3", *extra]
+    )
     assert result.exit_code == 0, result.output
     return result.stdout
 
@@ -142,7 +148,11 @@ def _expected_p() -> dict[str, float]:
 
 
 def test_csv_carries_verdicts_and_adjusted_p_values(store):
-    rows = {row[0].split(" [")[0]: row for row in csv.reader(_table(store, "csv").splitlines()) if not row[0].startswith("#")}
+    rows = {
+        row[0].split(" [")[0]: row
+        for row in csv.reader(_table(store, "csv").splitlines())
+        if not row[0].startswith("#")
+    }
     header = rows["Methods"]
     top, p = header.index("Cora 10 Clients top"), header.index("Cora 10 Clients p")
     expected = _expected_p()
@@ -173,7 +183,14 @@ def test_markdown_latex_and_terminal_mark_the_same_entries(store):
 
     frame = RunStore(store).frame()
     sel = tables.Selection(frame, {}, expected_seeds=3)
-    blocks = tables.results_table(0, sel, ["local", "fedprox", "fedper"], {"local": "Local", "fedprox": "FedProx", "fedper": "FedPer"}, ["cora"], "metis")
+    blocks = tables.results_table(
+        0,
+        sel,
+        ["local", "fedprox", "fedper"],
+        {"local": "Local", "fedprox": "FedProx", "fedper": "FedPer"},
+        ["cora"],
+        "metis",
+    )
     console = Console(record=True, force_terminal=True, width=300, file=open("/dev/null", "w"))
     console.print(tables.render(blocks, "caption", "terminal"))
     styled = console.export_text(styles=True)

@@ -28,12 +28,18 @@ def test_table_grids_follow_the_paper():
     everything = ["local", "fedavg", "fedgmc", "fedgmc-wo-semantic", "fedgmc-wo-structural", "fedgmc-wo-refinement"]
     one = table_grid("1", everything)
     assert one.methods == ("local", "fedavg", "fedgmc") and "fedpub" in one.skipped
-    assert one.datasets[0] == "cora" and len(one.datasets) == 6 and one.settings == (("metis", 5), ("metis", 10), ("metis", 20))
+    assert (
+        one.datasets[0] == "cora"
+        and len(one.datasets) == 6
+        and one.settings == (("metis", 5), ("metis", 10), ("metis", 20))
+    )
     assert len(grid_specs(one, 10, {})) == 3 * 6 * 3 * 10
     five = table_grid("5", everything)
     assert five.settings == (("overlap", 10), ("overlap", 30), ("overlap", 50)) and "questions" in five.datasets
     six = table_grid("6", everything)
-    assert set(six.methods) == set(everything) - {"local", "fedavg"} and len(six.settings) == 6 and len(six.datasets) == 11
+    assert (
+        set(six.methods) == set(everything) - {"local", "fedavg"} and len(six.settings) == 6 and len(six.datasets) == 11
+    )
     assert table_grid("7", everything).datasets == ("cora", "roman-empire")
 
 
@@ -138,7 +144,9 @@ def test_estimate_falls_back_to_measured_round_times(tmp_path):
     stored = pd.DataFrame([{"method": "fedavg", "dataset": "tiny", "scheme": "metis", "clients": 5, "status": "ok",
                             "seconds_per_round": 0.25}])  # fmt: skip
     preferred = estimate(specs[:2], stored, table).set_index("clients")
-    assert preferred.loc[5, "basis"] == "store (1 runs)" and preferred.loc[10, "basis"] == "store, other settings (1 runs)"
+    assert (
+        preferred.loc[5, "basis"] == "store (1 runs)" and preferred.loc[10, "basis"] == "store, other settings (1 runs)"
+    )
 
 
 def test_measured_table_needs_its_columns(tmp_path):
@@ -167,7 +175,9 @@ def test_packing_rule_is_bounded_by_cores_runs_and_memory():
     assert packed_workers(per_gpu_run, free, cores=16, runs=100, cuda=True) == 6  # memory binds
     assert packed_workers(per_gpu_run, free, cores=4, runs=100, cuda=True) == 4  # cores bind
     assert packed_workers(per_gpu_run, free, cores=16, runs=3, cuda=True) == 3  # runs bind
-    assert packed_workers(per_gpu_run, free * 100, cores=64, runs=100, cuda=True) == MAX_RUNS_PER_GPU == 8  # a GPU's cap
+    assert (
+        packed_workers(per_gpu_run, free * 100, cores=64, runs=100, cuda=True) == MAX_RUNS_PER_GPU == 8
+    )  # a GPU's cap
     assert packed_workers(per_gpu_run, free * 100, cores=16, runs=100, cuda=False) == 16
     assert packed_workers(5000.0, 1000.0, cores=16, runs=100, cuda=False) == 1  # never below one
     assert packed_workers(math.nan, free, cores=16, runs=100, cuda=True) == 1  # unmeasured: one run on a GPU

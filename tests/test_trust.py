@@ -142,7 +142,9 @@ def test_1_a_roc_auc_client_whose_split_lacks_a_class_is_left_out(tiny_federatio
         graphs.append(g)
     data = FederatedData("tiny", "roc_auc", tiny_federation.num_features, 2, tiny_federation.partition, graphs)
     record = run(make_spec("fedavg", "tiny", "metis", 5, 0, rounds=2), data, cpu)
-    lacking = {split: [len(set(g.y[getattr(g, f"{split}_mask")].tolist())) < 2 for g in graphs] for split in ("val", "test")}
+    lacking = {
+        split: [len(set(g.y[getattr(g, f"{split}_mask")].tolist())) < 2 for g in graphs] for split in ("val", "test")
+    }
     assert lacking["test"][0] and not all(lacking["test"])
     assert record["excluded_clients"] == {split: sum(flags) for split, flags in lacking.items()}
     assert [v is None for v in record["client_curves"]["test"][1]] == lacking["test"] and math.isfinite(record["test"])
@@ -287,7 +289,7 @@ def test_5_a_run_finished_while_the_store_is_locked_is_spooled_and_imports(tmp_p
     holder = sqlite3.connect(store, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
     try:
-        out, err = proc.communicate(timeout=300)
+        _out, err = proc.communicate(timeout=300)
     finally:
         holder.execute("ROLLBACK")
         holder.close()
@@ -449,7 +451,9 @@ def test_8_two_files_that_disagree_on_a_run_are_listed_and_nothing_is_stored(env
     result = _cli("import", str(first), str(second), "--store", str(fresh))
     _one_error(result, records[2]["run_key"], f"{first}, line 3", f"{second}, line 1", "disagree")
     assert not fresh.exists() or len(RunStore(fresh)) == 0
-    older = {k: v for k, v in records[2].items() if k not in ("excluded_clients", "data_fingerprint")}  # as written before
+    older = {
+        k: v for k, v in records[2].items() if k not in ("excluded_clients", "data_fingerprint")
+    }  # as written before
     same = _cli("import", str(first), str(_write_lines(env / "c.jsonl", [older, records[3]])), "--store", str(fresh))
     assert same.exit_code == 0 and "imported 4 new runs" in same.output and "0 were already stored" in same.output
 
@@ -514,7 +518,10 @@ def test_low_a_tuned_file_write_removes_what_a_killed_tune_left(tmp_path):
 
     folder = tmp_path / "tuned"
     folder.mkdir()
-    dead = [folder / f"tiny-metis-5.json.{DEAD_PID}.partial", folder / f"tiny-metis-5.json.{_host()}-{DEAD_PID}.partial"]
+    dead = [
+        folder / f"tiny-metis-5.json.{DEAD_PID}.partial",
+        folder / f"tiny-metis-5.json.{_host()}-{DEAD_PID}.partial",
+    ]
     alive = folder / f"tiny-metis-5.json.{_host()}-{os.getppid()}.partial"
     for path in (*dead, alive):
         path.write_text("{")
@@ -527,7 +534,9 @@ def test_low_a_non_finite_value_in_a_tuned_file_names_the_file_and_says_it_must_
     """JSON's `Infinity` token in a tuned file: one line naming the file and what is wrong with the value."""
     path = env / "tuned" / "tiny-metis-5.json"
     path.parent.mkdir()
-    path.write_text('{"dataset": "tiny", "scheme": "metis", "clients": 5, "methods": {"fedavg": {"values": {"lr": Infinity}}}}')
+    path.write_text(
+        '{"dataset": "tiny", "scheme": "metis", "clients": 5, "methods": {"fedavg": {"values": {"lr": Infinity}}}}'
+    )
     result = _cli("run", "-m", "fedavg", *TINY, "--seeds", "1", "--protocol", "fair", "--tuned-dir", str(path.parent),
                   "--store", str(env / "runs.sqlite"))  # fmt: skip
     _one_error(result, str(path), "fedavg.lr=inf is out of range: it must be a finite number > 0")

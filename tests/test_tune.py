@@ -43,7 +43,9 @@ def _finished(storage: Path) -> Finished:
 
 def _tune(data: FederatedData, folder: Path, trials: int) -> dict[str, Any]:
     budget = Budget(trials=trials, rounds=ROUNDS)
-    return tune("fedavg", "tiny", "metis", 5, budget, data, torch.device("cpu"), folder / "tuning.sqlite", folder / "tuned")
+    return tune(
+        "fedavg", "tiny", "metis", 5, budget, data, torch.device("cpu"), folder / "tuning.sqlite", folder / "tuned"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +118,9 @@ def test_an_extended_study_continues_the_sampler(tiny_federation, uninterrupted,
     assert "per-trial reseed" in entry["budget"]["sampler"] and "first 10 trials random" in entry["budget"]["sampler"]
 
 
-def test_ctrl_c_mid_trial_then_resume_equals_one_uninterrupted_study(tiny_federation, uninterrupted, tmp_path, monkeypatch):
+def test_ctrl_c_mid_trial_then_resume_equals_one_uninterrupted_study(
+    tiny_federation, uninterrupted, tmp_path, monkeypatch
+):
     storage = tmp_path / "tuning.sqlite"
     monkeypatch.setattr(tune_module, "run", _stopping_run(trial=3, at_round=5))
     with pytest.raises(TuneInterrupted) as stopped:
@@ -138,7 +142,16 @@ def test_ctrl_c_mid_trial_then_resume_equals_one_uninterrupted_study(tiny_federa
 def test_kill_9_mid_trial_then_resume_equals_one_uninterrupted_study(uninterrupted, tmp_path):
     """A process killed mid-trial leaves the trial RUNNING; the next start fails it and reruns its values once."""
     storage, held = tmp_path / "tuning.sqlite", tmp_path / "held"
-    args = ["tune", *CLI, "--trials", "6", "--store", str(tmp_path / "runs.sqlite"), "--tuned-dir", str(tmp_path / "tuned")]
+    args = [
+        "tune",
+        *CLI,
+        "--trials",
+        "6",
+        "--store",
+        str(tmp_path / "runs.sqlite"),
+        "--tuned-dir",
+        str(tmp_path / "tuned"),
+    ]
     env = {**os.environ, "GFLBENCH_DATA": str(tmp_path / "data")}
     root = Path(__file__).resolve().parent.parent
     proc = subprocess.Popen([sys.executable, "-c", HOLD_THIRD_TRIAL, str(held), *args], env=env, cwd=root,

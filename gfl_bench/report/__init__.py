@@ -54,8 +54,10 @@ ASSETS = "assets"
 STATIC = ("style.css", "report.js")  # copied from the templates as they are
 # The sections the issue asks for that this report does not build yet (docs/report.md says why).
 NOT_BUILT = (
-    ("The grid's cost on a GPU (no GPU has measured bench/grid_cost.py's cells; no factor is assumed)",
-     "GFLBENCH_RAW_MIRROR=... python bench/grid_cost.py --device cuda --out bench/grid_cost.csv"),
+    (
+        "The grid's cost on a GPU (no GPU has measured bench/grid_cost.py's cells; no factor is assumed)",
+        "GFLBENCH_RAW_MIRROR=... python bench/grid_cost.py --device cuda --out bench/grid_cost.csv",
+    ),
 )
 CASE_STUDY_METHOD = "fedgmc"  # the paper's case study (Fig. 5, 10-15) shows FedGMC's manifolds
 GRID_SEEDS = 10  # the paper's seeds per cell: the grid `gflbench sweep --table all` runs
@@ -162,16 +164,25 @@ def build(runs: RunStore, out: Path, options: Options, force: bool = False) -> l
         raise UserError("no stored runs to report (an empty store or empty records); run `gflbench run` first")
     frame["protocol"] = frame["protocol"].fillna(DEFAULT_PROTOCOL)  # runs stored before protocols were `paper`
     # the default protocol's leaderboard first (the paper's setting), then the others by name
-    protocols = [options.protocol] if options.protocol else sorted(set(frame["protocol"]), key=lambda p: (p != DEFAULT_PROTOCOL, p))
+    protocols = (
+        [options.protocol]
+        if options.protocol
+        else sorted(set(frame["protocol"]), key=lambda p: (p != DEFAULT_PROTOCOL, p))
+    )
     unknown = sorted(set(protocols) - set(PROTOCOLS))
     if unknown:
         raise UserError(f"the records hold runs of protocol {', '.join(unknown)}, which this gflbench does not know")
     if options.protocol and not (frame["protocol"] == options.protocol).any():
-        raise UserError(f"no stored runs of protocol {options.protocol} (the records hold {', '.join(sorted(set(frame['protocol'])))})")
+        raise UserError(
+            f"no stored runs of protocol {options.protocol} (the records hold {', '.join(sorted(set(frame['protocol'])))})"
+        )
     when = stamp()
     out.parent.mkdir(parents=True, exist_ok=True)
     # SVG text as text (the reader's sans-serif), not as glyph outlines: smaller files, selectable labels
-    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as folder, plt.rc_context({"svg.fonttype": "none"}):
+    with (
+        tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as folder,
+        plt.rc_context({"svg.fonttype": "none"}),
+    ):
         staged = Path(folder)
         files = _render(Site(staged, runs, frame, options), protocols, when, len(frame))
         for name in previous:  # a previous report's files: this build writes its own set
@@ -287,7 +298,9 @@ class Site:
         rows = [m for m in methods if m not in tables.ABLATIONS]
         cells = self.cells(sel, methods)
         paper = compare(sel, rows, tables=(1, 2, 4, 5)).cells
-        paper_index = {(int(r.table), r.method, r.dataset, r.scheme, int(r.clients)): r for r in paper.itertuples(index=False)}
+        paper_index = {
+            (int(r.table), r.method, r.dataset, r.scheme, int(r.clients)): r for r in paper.itertuples(index=False)
+        }
         provenance = {cell: self.provenance(sel, *cell) for cell in cells}
         boards = [self.board(sel, n, rows, provenance, paper_index) for n in self._table_numbers(stored)]
         boards = [b for b in boards if b is not None]
@@ -334,7 +347,10 @@ class Site:
         else:
             scheme, datasets = number
             blocks = tables.results_table(0, sel, rows, self.titles, list(datasets), scheme, test)
-            caption, table = f"Datasets in no paper table ({', '.join(datasets)}), {_scheme_words(scheme)} partitioning.", 0
+            caption, table = (
+                f"Datasets in no paper table ({', '.join(datasets)}), {_scheme_words(scheme)} partitioning.",
+                0,
+            )
         if not any(b.values.notna().any().any() or (b.text == "failed").any().any() for b in blocks):
             return None
         caption = sel.caption(caption)
@@ -344,7 +360,9 @@ class Site:
         label_of = dict(zip(rows, blocks[0].text.index))
         rendered = []
         for i, block in enumerate(blocks):
-            rendered.append(self._block(block, rows, label_of, by_title, scheme, table, provenance, paper_index, sel, i))
+            rendered.append(
+                self._block(block, rows, label_of, by_title, scheme, table, provenance, paper_index, sel, i)
+            )
         board_id = _slug(sel.protocol, f"table-{table}" if table else f"other-{scheme}")
         return {
             "id": board_id,
@@ -380,7 +398,9 @@ class Site:
                 if mark is not None:
                     entry["classes"].append({BEST: "best", FEW: "few"}.get(mark.verdict, mark.verdict))
                     if not math.isnan(mark.p):
-                        entry["title"] = f"Holm-adjusted p against the column's best: {mark.p:.3g} ({mark.n} paired seeds)"
+                        entry["title"] = (
+                            f"Holm-adjusted p against the column's best: {mark.p:.3g} ({mark.n} paired seeds)"
+                        )
                 if second.get(column) == label:
                     entry["classes"].append("second")
                 setting = by_title.get(column)
@@ -482,7 +502,7 @@ class Site:
         return {
             "id": cell_id,
             "title": f"{self.titles[method]} on {dataset_spec(dataset).title}, {_scheme_words(scheme)}, {clients} clients "
-                     f"(protocol {sel.protocol})",
+            f"(protocol {sel.protocol})",
             "hover": hover,
             "value": sel.format(cell) if cell else "",
             "metric": metric,
@@ -517,7 +537,9 @@ class Site:
             plot = ["gflbench", "plot", "case-study", "-d", spec.dataset, "--partition", spec.scheme, "--clients",
                     str(spec.clients), "--seed", str(record["seed"]), "--at", f"{at[0]},{at[1]}"]  # fmt: skip
             plot += ["--rounds", str(self.options.rounds)] if self.options.rounds is not None else []
-            plot += [f"--set={spec.method}.{k}={v}" for k, v in sorted(self.options.overrides.get(spec.method, {}).items())]
+            plot += [
+                f"--set={spec.method}.{k}={v}" for k, v in sorted(self.options.overrides.get(spec.method, {}).items())
+            ]
             commands.append(shlex.join(plot))
         folder = None if self.options.snapshots is None else self.options.snapshots / record["run_key"]
         paths = [] if folder is None else [folder / f"round{r}.pt" for r in at]
@@ -577,7 +599,10 @@ class Site:
                 source = default
             rows.append({"key": key, "value": str(value), "source": source})
         data = dataset_spec(spec.dataset)
-        for key, value, own in (("rounds", spec.rounds, data.rounds), ("local_epochs", spec.local_epochs, data.local_epochs)):
+        for key, value, own in (
+            ("rounds", spec.rounds, data.rounds),
+            ("local_epochs", spec.local_epochs, data.local_epochs),
+        ):
             if getattr(self.options, key) is not None:
                 source = f"--{key.replace('_', '-')}"
             elif key in preset and sel.protocol == "paper":
@@ -589,7 +614,9 @@ class Site:
 
     # ---- views over cells
 
-    def cost(self, sel: tables.Selection, protocol: str, cells: Sequence[tuple], settings: Sequence[tuple]) -> dict[str, Any]:
+    def cost(
+        self, sel: tables.Selection, protocol: str, cells: Sequence[tuple], settings: Sequence[tuple]
+    ) -> dict[str, Any]:
         """Seconds, bytes and memory per round per cell, and accuracy against communication and time per setting."""
         rows = []
         points: dict[tuple, list[dict]] = {}
@@ -626,7 +653,9 @@ class Site:
                             "all rounds) and against the training time (sum of seconds per round, evaluation excluded)."})  # fmt: skip
         return {"rows": rows, "figures": figures}
 
-    def client_view(self, sel: tables.Selection, protocol: str, cells: Sequence[tuple], settings: Sequence[tuple]) -> dict[str, Any]:
+    def client_view(
+        self, sel: tables.Selection, protocol: str, cells: Sequence[tuple], settings: Sequence[tuple]
+    ) -> dict[str, Any]:
         """Per cell, the spread of the clients' test values at each run's best round, the worst client, and the
         fraction of clients below Local (same seed, same client, Local at its own best round)."""
         values: dict[tuple, dict[int, np.ndarray]] = {}
@@ -665,12 +694,17 @@ class Site:
                             f"client's test {_metric(d)} at its run's best round, all seeds pooled, one box per method."})  # fmt: skip
         return {"rows": rows, "figures": figures}
 
-    def convergence(self, sel: tables.Selection, protocol: str, methods: Sequence[str], settings: Sequence[tuple]) -> list[dict]:
+    def convergence(
+        self, sel: tables.Selection, protocol: str, methods: Sequence[str], settings: Sequence[tuple]
+    ) -> list[dict]:
         """`gflbench plot convergence` per setting, as SVG."""
         figures = []
         for d, s, c in settings:
             stem = f"convergence-{_slug(protocol, d, s, c)}"
-            path = self._figure(lambda out, st=(d, s, c): plots.convergence(self.runs, sel, methods, self.titles, *st, out, (".svg",)), stem)
+            path = self._figure(
+                lambda out, st=(d, s, c): plots.convergence(self.runs, sel, methods, self.titles, *st, out, (".svg",)),
+                stem,
+            )
             if path:
                 figures.append({"src": path, "caption": f"{dataset_spec(d).title}, {_scheme_words(s)}, {c} clients: "
                                 f"client-mean test {_metric(d)} per round, mean ± std over seeds."})  # fmt: skip
@@ -714,7 +748,9 @@ class Site:
 
         registered = list(self.registered)
         parts = {f"Table {t}": grid_specs(table_grid(t, registered), GRID_SEEDS, {}) for t in SWEEP_TABLES}
-        parts["Sensitivity"] = [s for d in plots.SENSITIVITY_DATASETS for s in plots.sensitivity_specs(d, "metis", 10, GRID_SEEDS)]
+        parts["Sensitivity"] = [
+            s for d in plots.SENSITIVITY_DATASETS for s in plots.sensitivity_specs(d, "metis", 10, GRID_SEEDS)
+        ]
         keyed = {name: {s.run_key: s for s in specs} for name, specs in parts.items()}
         every = {key: spec for specs in keyed.values() for key, spec in specs.items()}
         key_of = {id(spec): key for key, spec in every.items()}
@@ -722,8 +758,12 @@ class Site:
         missing = {key_of[id(spec)]: spec for spec in todo}
         measured = load_round_times()
         plan = estimate(todo, self.frame, measured, device="cpu")
-        cells = zip(plan["method"], plan["dataset"], plan["scheme"], plan["clients"], plan["est. seconds"], plan["runs"])
-        per_run = {(m, d, sc, c): seconds / runs for m, d, sc, c, seconds, runs in cells if runs and not math.isnan(seconds)}
+        cells = zip(
+            plan["method"], plan["dataset"], plan["scheme"], plan["clients"], plan["est. seconds"], plan["runs"]
+        )
+        per_run = {
+            (m, d, sc, c): seconds / runs for m, d, sc, c, seconds, runs in cells if runs and not math.isnan(seconds)
+        }
         rows = []
         for name, specs in [*keyed.items(), ("All (each run once)", every)]:
             known = [per_run[cell] for key in specs if key in missing
@@ -740,7 +780,7 @@ class Site:
         for r in records:
             for name, version in sorted(r.get("versions", {}).items()):
                 versions.setdefault(name, Counter())[version] += 1
-        count = lambda values: sorted(Counter(values).items())  # noqa: E731
+        count = lambda values: sorted(Counter(values).items())
         given = self.options.inputs
         inputs = [{"path": name, "sha256": hashlib.sha256(Path(name).read_bytes()).hexdigest()}
                   for name in given] if self.options.from_records else []  # fmt: skip
@@ -754,7 +794,9 @@ class Site:
             "commits": count(r.get("git_commit", "unknown") for r in records),
             "execution": count(r.get("execution", "per-client") for r in records),
             "inputs": inputs,
-            "command": f"{STAMP_ENV}=<stamp> gflbench report {source}{protocol}{(' ' + extra) if extra else ''} --out SITE".replace("  ", " "),
+            "command": f"{STAMP_ENV}=<stamp> gflbench report {source}{protocol}{(' ' + extra) if extra else ''} --out SITE".replace(
+                "  ", " "
+            ),
             "alpha": self.options.test.alpha,
             "test": self.options.test.name,
         }
@@ -800,7 +842,9 @@ def whole_grid_cost(parts: Mapping[str, Mapping[str, RunSpec]], every: Mapping[s
         row, scale, scaled = rows_of.get((spec.method, spec.dataset, *GRID_COST_BASE)), 1.0, False
         if row is None:  # FedAvg's row on the dataset, times the method's Cora round over FedAvg's
             row = rows_of.get((GRID_COST_REFERENCE, spec.dataset, *GRID_COST_BASE))
-            own, reference = (rows_of.get((m, GRID_COST_RATIO_DATASET, *GRID_COST_BASE)) for m in (spec.method, GRID_COST_REFERENCE))
+            own, reference = (
+                rows_of.get((m, GRID_COST_RATIO_DATASET, *GRID_COST_BASE)) for m in (spec.method, GRID_COST_REFERENCE)
+            )
             if row is None or own is None or reference is None:
                 return None
             scale, scaled = own.seconds_per_round / reference.seconds_per_round, True
@@ -809,12 +853,20 @@ def whole_grid_cost(parts: Mapping[str, Mapping[str, RunSpec]], every: Mapping[s
             status = row.status
         ratio = 1.0
         if (spec.scheme, spec.clients) != GRID_COST_BASE:
-            at, base = (rows_of.get((spec.method, GRID_COST_RATIO_DATASET, *k)) for k in ((spec.scheme, spec.clients), GRID_COST_BASE))
+            at, base = (
+                rows_of.get((spec.method, GRID_COST_RATIO_DATASET, *k))
+                for k in ((spec.scheme, spec.clients), GRID_COST_BASE)
+            )
             if at is not None and base is not None and at.status == base.status == "measured":
                 ratio = at.seconds_per_round / base.seconds_per_round
             else:
                 no_ratio.add((spec.method, spec.scheme, spec.clients))
-        return row.seconds_per_round * scale * ratio * spec.rounds, status, str(row.graph).startswith("stand-in"), scaled
+        return (
+            row.seconds_per_round * scale * ratio * spec.rounds,
+            status,
+            str(row.graph).startswith("stand-in"),
+            scaled,
+        )
 
     rows = []
     for name, specs in [*parts.items(), ("All (each run once)", every)]:
@@ -843,7 +895,9 @@ def whole_grid_cost(parts: Mapping[str, Mapping[str, RunSpec]], every: Mapping[s
                             "classes": " ".join(c for c in ("stand-in" if str(row.graph).startswith("stand-in") else "",
                                                               "bound" if row.status != "measured" else "") if c)})  # fmt: skip
         matrix.append({"method": all_methods()[method].title, "cells": entries})
-    graphs = [{"dataset": dataset_spec(d).title, "graph": table.loc[table["dataset"] == d, "graph"].iloc[0]} for d in datasets]
+    graphs = [
+        {"dataset": dataset_spec(d).title, "graph": table.loc[table["dataset"] == d, "graph"].iloc[0]} for d in datasets
+    ]
     return {"rows": rows, "path": GRID_COST_PATH, "machine": "; ".join(sorted(set(table["machine"].astype(str)))),
             "datasets": [dataset_spec(d).title for d in datasets], "matrix": matrix, "graphs": graphs,
             "no_ratio": ", ".join(f"{m} {s}-{c}" for m, s, c in sorted(no_ratio)) or "none",
@@ -861,8 +915,10 @@ def _reading(rule: str, metric: str, clients: int) -> dict[str, str]:
                 "std (ddof 0) over the seeds.")  # fmt: skip
         short = "client-mean test at the best client-mean validation round, after local training, all clients"
     else:
-        long = (f"Each client's test {metric} at its own best validation round, then the plain mean over clients "
-                f"(per-client selection); model: {model}; clients: {clients_text}. Then mean ± population std over the seeds.")
+        long = (
+            f"Each client's test {metric} at its own best validation round, then the plain mean over clients "
+            f"(per-client selection); model: {model}; clients: {clients_text}. Then mean ± population std over the seeds."
+        )
         short = "each client at its own best validation round, after local training, all clients"
     return {"long": long, "short": short}
 
@@ -896,7 +952,10 @@ def _cost_figure(points: list[dict], setting: tuple[str, str, int], out: Path) -
     """Accuracy against megabytes communicated and against training seconds, one labelled point per method."""
     with plt.rc_context(_FIGURE_STYLE):
         fig, axes = plt.subplots(1, 2, figsize=(8, 3))
-        for ax, key, label in ((axes[0], "mb", "MB communicated (all rounds)"), (axes[1], "seconds", "training seconds (all rounds)")):
+        for ax, key, label in (
+            (axes[0], "mb", "MB communicated (all rounds)"),
+            (axes[1], "seconds", "training seconds (all rounds)"),
+        ):
             same: dict[tuple[float, float], list[str]] = {}  # methods at one point (FedProx = FedAvg) share a label
             for p in points:
                 same.setdefault((round(p[key], 6), round(p["value"], 6)), []).append(p["method"])
