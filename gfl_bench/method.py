@@ -337,18 +337,3 @@ def _parse_value(method: str, key: str, raw: str, kind: type) -> Any:
         return kind(raw)
     except ValueError:
         raise UserError(f"{method}.{key} expects {kind.__name__}, got {raw!r}") from None
-
-
-def clone_message(message: Any) -> tuple[Any, int]:
-    """A deep copy of a message (tensors cloned, detached) and its size in bytes."""
-    if isinstance(message, Tensor):
-        # In the tensor's own memory layout: the batched path's first-layer weights are transposed views
-        # of its stacks, and a copy in their layout is sequential (gfl_bench/aggregation.py:memory_order).
-        return message.detach().clone(), message.numel() * message.element_size()
-    if isinstance(message, dict):
-        items = {k: clone_message(v) for k, v in message.items()}
-        return {k: v for k, (v, _) in items.items()}, sum(n for _, n in items.values())
-    if isinstance(message, (list, tuple)):
-        parts = [clone_message(v) for v in message]
-        return type(message)(v for v, _ in parts), sum(n for _, n in parts)
-    raise TypeError(f"messages carry tensors only, got {type(message).__name__}")

@@ -29,7 +29,8 @@ from gfl_bench.backbones import backbone_class, build_backbone, prepared_key
 from gfl_bench.batched import BatchedTraining, batched_trainer
 from gfl_bench.datasets import data_fingerprint, dataset_spec, load_dataset, partial_path, remove_stale_partials
 from gfl_bench.errors import UserError
-from gfl_bench.method import Client, MethodParams, Round, Server, Setup, clone_message, method_class
+from gfl_bench.exchange import Exchange, exchange
+from gfl_bench.method import Client, MethodParams, Round, Server, Setup, method_class
 from gfl_bench.metrics import defined_on, metric_fn
 from gfl_bench.partition import Partition, cached_partition, client_graphs
 from gfl_bench.provenance import provenance
@@ -287,39 +288,21 @@ def _run_together(
         traffic = {id(p): [0, 0] for p in parties}  # bytes down, up
         for stage in range(parties[0].server.stages(index)):
             rnd = Round(index, stage)
-            downloads = {}
+            runs = {}
             for p in parties:
                 with p.randomness.active(), _timed(own[id(p)], "configure", device):
-                    downloads[id(p)] = p.server.configure(rnd, client_ids)
-            uploads: dict[int, dict] = {id(p): {} for p in parties}
+                    runs[id(p)] = Exchange(p.clients, p.server.configure(rnd, client_ids), p.randomness.active)
             with _timed(shared, "fit", device):
                 train_together = trainer is not None and all(c.trains_locally(rnd) for c in everyone)
                 if train_together and together is None:  # FedSage+: once its clients have mended their graphs
                     together = trainer(everyone, streams)
-                if not train_together:
-                    for p in parties:
-                        with p.randomness.active():
-                            for cid, client in enumerate(p.clients):
-                                message, size = clone_message(downloads[id(p)][cid])
-                                traffic[id(p)][0] += size
-                                uploads[id(p)][cid], size = clone_message(client.fit(rnd, message))
-                                traffic[id(p)][1] += size
-                else:  # the same receive / train / upload, with every client's training in one pass
-                    for p in parties:
-                        with p.randomness.active():
-                            for cid, client in enumerate(p.clients):
-                                message, size = clone_message(downloads[id(p)][cid])
-                                traffic[id(p)][0] += size
-                                client.receive(rnd, message)
-                    together.train_round()
-                    for p in parties:
-                        with p.randomness.active():
-                            for cid, client in enumerate(p.clients):
-                                uploads[id(p)][cid], size = clone_message(client.upload())
-                                traffic[id(p)][1] += size
+                exchange(rnd, list(runs.values()), together.train_round if train_together else None)
+            for p in parties:
+                traffic[id(p)][0] += runs[id(p)].bytes_down
+                traffic[id(p)][1] += runs[id(p)].bytes_up
             for p in parties:
                 with p.randomness.active(), _timed(own[id(p)], "aggregate", device):
-                    p.server.aggregate(rnd, uploads[id(p)])
+                    p.server.aggregate(rnd, runs[id(p)].uploads)
         _sync(device)
         elapsed = time.perf_counter() - tic
         own_total = sum(sum(spent.values()) for spent in own.values())
