@@ -76,4 +76,3 @@ class FedAvg(Method):
     Params = FedAvgParams
     client = FedAvgClient
     server = FedAvgServer
-    batchable = True

@@ -40,4 +40,3 @@ class FedPer(Method):
     Params = FedPerParams
     client = FedPerClient
     server = FedPerServer
-    batchable = True

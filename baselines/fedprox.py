@@ -9,14 +9,15 @@ Backbone: the 2-layer GCN + classifier (paper B.6).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
-import torch
 from torch import Tensor
 
 from baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
-from gfl_bench.method import Message, Method, Round, log_range, non_negative
+from gfl_bench.method import Message, Method, MethodParams, Round, log_range, non_negative
+from gfl_bench.training import squared_distance
 
 
 @dataclass(frozen=True)
@@ -31,62 +32,16 @@ class FedProxParams(FedAvgParams):
 
 class FedProxClient(FedAvgClient):
     def receive(self, rnd: Round, message: Message) -> None:
-        self.anchor = message["weights"]
+        self.reference = message["weights"]  # θ_global, the anchor of this round's proximal term
         super().receive(rnd, message)
 
-    def penalty(self, parameters: Mapping[str, Tensor]) -> Tensor:
+    @classmethod
+    def penalty(cls, params: MethodParams, parameters: Mapping[str, Tensor], reference: Mapping[str, Tensor]) -> Tensor:
         """(mu/2) ||θ - θ_global||², over the parameters the server sent."""
         proximal = sum(
-            (param - self.anchor[name]).pow(2).sum() for name, param in parameters.items() if name in self.anchor
+            squared_distance(param, reference[name]) for name, param in parameters.items() if name in reference
         )
-        return 0.5 * self.params.mu * proximal
-
-    @classmethod
-    def penalty_together(cls, clients: Sequence[FedProxClient], parameters: Mapping[str, Tensor]) -> Tensor:
-        """Σ_m (mu/2) ||θ_m - θ_global,m||² on the stacked parameters, each client's gradient
-        mu (θ_m - θ_global,m) as from its own `penalty`. The anchors are stacked once per round in the
-        parameters' memory layout (`_anchor_stack`), so every epoch's term is one element-wise pass per
-        parameter; `_SquaredDistance` keeps no difference for the backward (it recomputes it there)."""
-        proximal = sum(
-            _SquaredDistance.apply(stacked, _anchor_stack(clients, name, stacked))
-            for name, stacked in parameters.items()
-            if name in clients[0].anchor
-        )
-        return 0.5 * clients[0].params.mu * proximal
-
-
-def _anchor_stack(clients: Sequence[FedProxClient], name: str, like: Tensor) -> Tensor:
-    """Every client's θ_global for `name` in one tensor with the strides of the stacked parameter `like`.
-
-    Built at the round's first step and kept on the first client; each client's anchor then becomes its
-    view of the stack (same values), so the stack replaces the received copies instead of adding to
-    them, and a new round's anchors (new tensors from `receive`) are noticed by identity."""
-    cache: dict[str, tuple[tuple[Tensor, ...], Tensor]] = clients[0].__dict__.setdefault("_anchor_stacks", {})
-    views, stack = cache.get(name, ((), None))
-    if len(views) == len(clients) and all(client.anchor[name] is view for client, view in zip(clients, views)):
-        return stack
-    stack = torch.empty_like(like, requires_grad=False)  # the stack's own strides (input-major stacks stay so)
-    for m, client in enumerate(clients):
-        stack[m].copy_(client.anchor[name])
-        client.anchor = {**client.anchor, name: stack[m]}
-    cache[name] = (tuple(client.anchor[name] for client in clients), stack)
-    return stack
-
-
-class _SquaredDistance(torch.autograd.Function):
-    """||stacked - anchors||² with the gradient 2 (stacked - anchors), recomputed in the backward instead of
-    saved: autograd's own `(stacked - anchors).pow(2)` would keep the differences, which put batched
-    FedProx's peak memory above OpenFGL's. Both tensors share one memory layout (`_anchor_stack`)."""
-
-    @staticmethod
-    def forward(ctx, stacked: Tensor, anchors: Tensor) -> Tensor:
-        ctx.save_for_backward(stacked, anchors)
-        return (stacked - anchors).pow_(2).sum()
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
-        stacked, anchors = ctx.saved_tensors
-        return (stacked - anchors).mul_(2 * grad), None
+        return 0.5 * cast(FedProxParams, params).mu * proximal
 
 
 class FedProx(Method):
@@ -96,7 +51,6 @@ class FedProx(Method):
     Params = FedProxParams
     client = FedProxClient
     server = FedAvgServer
-    batchable = True  # CE plus a penalty of the parameters alone
 
     @classmethod
     def equivalent(cls, params: FedProxParams, scheme: str, local_epochs: int) -> tuple[str, dict] | None:

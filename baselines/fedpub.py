@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
 import networkx as nx
 import torch
@@ -196,7 +197,6 @@ class FedPubClient(TrainingClient):
                 weight_decay=params.weight_decay,
             )
         self.proxy: Data | None = None
-        self.anchor: dict[str, Tensor] | None = None
 
     def receive(self, rnd: Round, message: Message) -> None:
         if "proxy" in message:
@@ -204,21 +204,28 @@ class FedPubClient(TrainingClient):
             self.model.prepare(proxy, self.params)
             self.proxy = proxy.to(self.setup.device)
         load_model_state(self.model, message["weights"])  # no mask keys: the client's masks stay
-        self.anchor = message["weights"] if rnd.index > 0 else None  # the code skips the term at round 0
+        self.reference = message["weights"] if rnd.index > 0 else {}  # θ̃; the code skips its term at round 0
 
     def upload(self) -> Message:
         return {"weights": unmasked_state(self.model), "embedding": self.functional_embedding()}
 
-    def penalty(self, parameters: Mapping[str, Tensor]) -> Tensor | None:
-        """λ₁ Σ|M| + λ₂ Σ ||θ - θ̃||₂ (unsquared, per tensor), only when `regularizer_grad`."""
-        if not self.params.regularizer_grad:
+    @classmethod
+    def penalty(
+        cls, params: MethodParams, parameters: Mapping[str, Tensor], reference: Mapping[str, Tensor]
+    ) -> Tensor | None:
+        """λ₁ Σ|M| + λ₂ Σ ||θ - θ̃||₂ (unsquared, per client and tensor), only when `regularizer_grad`."""
+        p = cast(FedPubParams, params)
+        if not p.regularizer_grad:
             return None
-        penalty = torch.zeros((), device=self.setup.device)
+        penalty = torch.zeros((), device=next(iter(parameters.values())).device)
         for name, param in parameters.items():
             if name.endswith("mask"):
-                penalty = penalty + self.params.l1 * param.abs().sum()
-            elif self.anchor is not None:
-                penalty = penalty + self.params.loc_l2 * (param - self.anchor[name]).norm()
+                penalty = penalty + p.l1 * param.abs().sum()
+            elif name in reference:
+                distance = param - reference[name]
+                penalty = (
+                    penalty + p.loc_l2 * torch.linalg.vector_norm(distance, dim=tuple(range(1, distance.ndim))).sum()
+                )
         return penalty
 
     @torch.no_grad()
@@ -278,6 +285,5 @@ class FedPub(Method):
     Params = FedPubParams
     client = FedPubClient
     server = FedPubServer
-    batchable = True  # CE plus a penalty of the parameters alone, on the masked GCN
     # τ of the released scripts: 3 for disjoint Cora-10, 5 for overlapping Cora-30, on every dataset (research notes §2.7).
     paper_preset_file = "fedpub.csv"

@@ -401,4 +401,3 @@ class FedSagePlus(Method):
     Params = FedSagePlusParams
     client = FedSagePlusClient
     server = FedSagePlusServer
-    batchable = True  # phase 2 is FedAvg's local step on the mended graphs (`trains_locally`)

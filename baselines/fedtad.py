@@ -461,7 +461,6 @@ class FedTAD(Method):
     Params = FedTADParams
     client = FedTADClient
     server = FedTADServer
-    batchable = True  # the local step is TrainingClient's CE step; the reliabilities are computed at construction
     # The official training values (hidden 64, weight decay 5e-4, 3 local epochs, 100 rounds), with source lines.
     paper_preset_file = "fedtad.csv"
 

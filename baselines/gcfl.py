@@ -265,4 +265,3 @@ class GCFL(Method):
     Params = GCFLParams
     client = GCFLClient
     server = GCFLServer
-    batchable = True  # the local step is TrainingClient's CE step between receive and upload

@@ -42,4 +42,3 @@ class Local(Method):
     Params = LocalParams
     client = LocalClient
     server = LocalServer
-    batchable = True

@@ -3,10 +3,10 @@
 Per round, a FedAvg-style client loads what it received, trains `local_epochs` full-batch steps on
 its own graph, and uploads. The per-client path runs those steps client after client: one small
 forward and backward each, dominated by Python and kernel-launch overhead. Here, for the methods
-that declare `Method.batchable` (their local step is `TrainingClient`'s cross-entropy step plus, at
-most, a `TrainingClient.penalty` of the client's own parameters, in every stage where the clients'
-`trains_locally` says so; the trainer is built at the first such stage, so FedSage+'s generator
-stages run client by client and its classifier phase batches on the mended graphs):
+whose clients' local step is made of `TrainingClient`'s hooks (`Method.batchable`, derived: the
+`objective` on each client's slice plus a `TrainingClient.penalty` of the stacked parameters, in
+every stage where the clients' `trains_locally` says so; the trainer is built at the first such
+stage, so FedSage+'s generator stages run client by client and its classifier phase batches on the mended graphs):
 
 - Parameters are stacked along a leading client axis, `[M, ...]`, and each client's model holds views
   into the stacks, so the per-client hooks (loading received weights, uploading, predicting) read and
@@ -29,7 +29,7 @@ stages run client by client and its classifier phase batches on the mended graph
   Its clients' objective may read the representations (FedGMC's calibration losses), so each
   client's `TrainingClient.objective` is called on its own slice of the batch's representations
   and logits; only the network's arithmetic is batched, and what the objectives hold constant for
-  the round is solved for each run's clients at once first (`TrainingClient.solve_together`:
+  the round is solved for each run's clients at once first (`TrainingClient.group_step`:
   FedGMC's Sinkhorn plans in one batched POT solve).
 - The clients may belong to several runs of one configuration (seeds stacked by
   `runner.run_together`): each run's dropout masks are drawn from its own random streams
@@ -48,7 +48,7 @@ stages run client by client and its classifier phase batches on the mended graph
   distribution, not number by number.
 
 Shapes: M clients, N = N_max padded nodes, F features, h hidden, C classes.
-A method opts in with `Method.batchable`; `batched_trainer` picks the class for its backbone.
+`Method.batchable` is derived from the client's hooks; `batched_trainer` picks the class for its backbone.
 """
 
 from __future__ import annotations
@@ -146,8 +146,23 @@ class BatchedTraining(ABC):
         return {name: stack.transpose(1, 2) if name in self.input_major else stack for name, stack in stacks.items()}
 
     def penalty(self) -> Tensor | None:
-        """Σ_m client m's penalty of its own parameters (`TrainingClient.penalty_together`), or None."""
-        return type(self.clients[0]).penalty_together(self.clients, self.in_client_layout(self.stacks))
+        """Σ_m client m's penalty of its own parameters (`TrainingClient.penalty` on the stacks), or None."""
+        first = self.clients[0]
+        return type(first).penalty(first.params, self.in_client_layout(self.stacks), self.reference)
+
+    def _stack_reference(self) -> dict[str, Tensor]:
+        """Every client's `TrainingClient.reference` of this round, `[M, *shape]` per name, in the memory
+        layout of the stacked parameter it is compared with (one element-wise pass per penalty term)."""
+        parameters = self.in_client_layout(self.stacks)
+        names = [name for name in self.clients[0].reference if name in parameters]
+        if any(sorted(c.reference) != sorted(self.clients[0].reference) for c in self.clients):
+            raise RuntimeError("the clients' `reference` must name the same parameters in one round")
+        stacked = {}
+        for name in names:
+            stacked[name] = torch.empty_like(parameters[name], requires_grad=False)
+            for m, client in enumerate(self.clients):
+                stacked[name][m].copy_(client.reference[name])
+        return stacked
 
     def _block_diagonal(self, blocks: list[Tensor], column_block: int | None = None) -> Tensor:
         """Sparse per-client matrices on one padded index space: client m's rows at offset m·N, its columns
@@ -251,6 +266,7 @@ class BatchedTraining(ABC):
     def train_round(self) -> None:
         """Every client's `local_epochs` optimiser steps, one batched step per epoch."""
         masks = self._dropout_masks() if self.dropout > 0 else None
+        self.reference = self._stack_reference()  # what this round's penalties compare with
         for epoch in range(self.local_epochs):
             self.optimizer.zero_grad(set_to_none=True)
             self.loss(masks[epoch] if masks else None).backward()
@@ -366,7 +382,7 @@ class BatchedH2GCNTraining(BatchedTraining):
         ]
         for _, clients in self.runs:  # per run: a stacked run's constants must not depend on its companions
             run_clients = [self.clients[m] for m in clients]
-            type(run_clients[0]).solve_together(run_clients, [slices[m][0] for m in clients])
+            type(run_clients[0]).group_step(run_clients, [slices[m][0] for m in clients])
         total = torch.zeros((), device=logits.device)
         for client, (own, client_logits) in zip(self.clients, slices):
             total = total + client.objective(client_logits, own)

@@ -179,7 +179,18 @@ class Client(ABC):
 
     @abstractmethod
     def fit(self, rnd: Round, message: Message) -> Message:
-        """Receive the server's message, do the local work, return what is uploaded."""
+        """Receive the server's message, do the local work, return what is uploaded.
+
+        Called by the per-client executor (gfl_bench/exchange.py) once per exchange (`Server.stages`), for
+        every client in id order, with this client's own copy of the entry `configure` made for it: it
+        may keep and change its tensors. The returned message is cloned and counted as it leaves, so it
+        may hold the client's own tensors (its model's weights); tensors only, in dicts, lists, tuples.
+        Whatever the server must know arrives here: a key left out is a key the server does not get."""
+
+    @classmethod
+    def _batches(cls) -> bool:
+        """Whether the batched executor can compute this client's local step (a `TrainingClient`'s may)."""
+        return False
 
     @torch.no_grad()
     def predict(self) -> Tensor:
@@ -226,9 +237,9 @@ class Method:
     Params: ClassVar[type[MethodParams]] = MethodParams
     client: ClassVar[type[Client]]
     server: ClassVar[type[Server]]
-    # True when the client's local step is exactly TrainingClient's cross-entropy step (plus, at most,
-    # its `penalty` of the parameters) between its `receive` and `upload`, in every stage where its
-    # `trains_locally` says so, so `--batched` may train all clients at once there (gfl_bench/batched.py).
+    # Derived, never declared (`__init_subclass__`): True when the client's local step is made of the hooks the
+    # batched executor calls (gfl_bench/training.py:TrainingClient._batches), so `--batched` may train all
+    # clients at once (gfl_bench/batched.py) in every stage where their `trains_locally` says so.
     batchable: ClassVar[bool] = False
     # The file under gfl_bench/presets/ with the values its source published beyond the Params defaults
     # (gfl_bench/presets.py); None: the defaults are the whole `paper` configuration. Declared here so
@@ -239,6 +250,13 @@ class Method:
     # with this value (an explicit --set wins), so that rule applies each method's own per-client selection;
     # every other rule reads the Params as resolved. None: the method selects nothing inside itself.
     per_client_selection: ClassVar[tuple[str, str] | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "batchable" in vars(cls):
+            raise TypeError(f"{cls.__name__}: `batchable` is derived from its client's hooks, not declared")
+        client = getattr(cls, "client", None)
+        cls.batchable = client is not None and client._batches()
 
     @classmethod
     def paper_preset(cls, dataset: str, scheme: str, clients: int) -> dict[str, str]:

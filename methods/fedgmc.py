@@ -179,7 +179,7 @@ def procrustes(means: Tensor, anchors: Tensor, present: Tensor) -> tuple[Tensor,
     tenth of its cost (tests/test_fedgmc.py completes R and checks Lemmas A.5-A.6 on it).
 
     Leading dimensions batch: [M, C, d] inputs solve M clients' problems in one call of each
-    factorisation (the batched path's `solve_together`: on a GPU one batched solver launch instead
+    factorisation (the batched path's `group_step`: on a GPU one batched solver launch instead
     of three per client and step); a single [C, d] problem runs the same operations as before.
     """
     left_basis, left_r = torch.linalg.qr((anchors * present[..., None]).mT)  # Δ_S = Qa Ra, [d, C], [C, C]
@@ -422,7 +422,7 @@ class FedGMCClient(TrainingClient):
         reps = self.model.representations(self.graph)
         # H2GCN.forward on the same representations: dropout, then the classifier.
         logits = self.model.classifier(dropout(reps.combined, self.model.dropout, self.model.training))
-        return self.with_penalty(self.objective(logits, reps), dict(self.model.named_parameters()))
+        return self.penalised(self.objective(logits, reps))
 
     def objective(self, logits: Tensor, reps: H2GCNRepresentations) -> Tensor:
         """CE + semantic + structural calibration; the detached parts the upload needs are kept in `self.state`.
@@ -450,7 +450,7 @@ class FedGMCClient(TrainingClient):
         """Eq. 3 over the client's labelled nodes, averaged (the paper's sum would scale with the
         client's label count and swamp the CE at weight 1); per-class parts are kept for γ."""
         num_classes = self.setup.num_classes
-        if self.rotation is None:  # the per-client path; the batched one solved it in `solve_together`
+        if self.rotation is None:  # the per-client path; the batched one solved it in `group_step`
             means = class_means(ego.detach(), self.train_labels, self.class_counts)
             left, right = procrustes(means, self.anchors, self.present)
         else:
@@ -481,7 +481,7 @@ class FedGMCClient(TrainingClient):
         return (self.assignment * costs).sum(1).mean() if len(costs) else costs.sum()
 
     @classmethod
-    def solve_together(cls, clients: Sequence[TrainingClient], representations: Sequence[Any]) -> None:
+    def group_step(cls, clients: Sequence[TrainingClient], representations: Sequence[Any]) -> None:
         """What the batched path solves for these clients at once before each local step, so that no
         client's objective makes its own solver calls or host round trips:
 
@@ -640,7 +640,6 @@ class FedGMC(Method):
     Params = FedGMCParams
     client = FedGMCClient
     server = FedGMCServer
-    batchable = True  # the H2GCN forward batches; each client's calibration losses read its own slice
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gfl_bench.backbones import build_backbone
-from gfl_bench.method import Round, Setup, method_class
+from gfl_bench.method import Setup, method_class
 from gfl_bench.runner import DataCache, run
 from gfl_bench.spec import make_spec
 
@@ -170,39 +170,6 @@ def test_tiny_mixes_dense_and_sparse_2hop_operators(tiny_federation):
 
     layouts = {h2gcn_adjacencies(g.edge_index, g.num_nodes)[1].layout for g in tiny_federation.graphs}
     assert layouts == {torch.strided, torch.sparse_csr}
-
-
-@pytest.mark.parametrize(
-    ("method", "overrides"), [("fedprox", {"mu": "0.5"}), ("fedpub", {"regularizer_grad": "true"})]
-)
-def test_penalty_together_is_the_sum_of_the_clients_penalties(tiny_federation, cpu, method, overrides):
-    """`penalty_together` on stacked parameters (FedProx's override, FED-PUB's default loop) gives the sum
-    of each client's own `penalty` and, to every client's slice, that client's own gradient."""
-    spec = make_spec(method, "tiny", "metis", 5, 0, overrides, rounds=2)
-    cls = method_class(method)
-    graphs = tiny_federation.on_device(spec.params, cpu)
-    setup = Setup(tiny_federation.num_features, tiny_federation.num_classes, len(graphs), 2, 1, cpu, 0)
-    template = build_backbone(spec.params, tiny_federation.num_features, tiny_federation.num_classes)
-    server = cls.server(template, spec.params, setup)
-    clients = [cls.client(cid, g, build_backbone(spec.params, tiny_federation.num_features, tiny_federation.num_classes), spec.params, setup)
-               for cid, g in enumerate(graphs)]  # fmt: skip
-    generator = torch.Generator().manual_seed(0)
-    for rnd in (Round(0, 0), Round(1, 0)):  # FED-PUB's anchor term starts at round 1
-        for cid, message in server.configure(rnd, list(range(len(clients)))).items():
-            clients[cid].receive(rnd, message)
-    names = [name for name, _ in clients[0].model.named_parameters()]
-    stacks = {name: torch.randn(len(clients), *clients[0].model.get_parameter(name).shape, generator=generator, requires_grad=True)
-              for name in names}  # fmt: skip
-    together = cls.client.penalty_together(clients, stacks)
-    together.backward()
-    leaves = [{name: stacks[name].detach()[m].clone().requires_grad_() for name in names} for m in range(len(clients))]
-    one_by_one = sum(client.penalty(own) for client, own in zip(clients, leaves))
-    one_by_one.backward()
-    torch.testing.assert_close(together, one_by_one)
-    assert together.item() > 0
-    for m, own in enumerate(leaves):
-        for name in names:
-            torch.testing.assert_close(stacks[name].grad[m], own[name].grad)
 
 
 def test_row_normalized_adjacency_is_sage_mean_aggregation():
