@@ -194,13 +194,24 @@ class Client(ABC):
 
     @torch.no_grad()
     def predict(self) -> Tensor:
-        """Logits for every local node from the model this client would deploy now."""
+        """Logits `[N, C]` for every local node from the model this client would deploy now.
+
+        The per-client executor calls it once per round after the round's last exchange, clients in id
+        order, with gradients off; its validation and test rows are scored. The batched executor scores
+        one batched forward of the clients' models instead, so a client that overrides it runs per client
+        (`Method.batchable`). Default: the client's model in eval mode on its own graph."""
         self.model.eval()
         return self.model(self.graph)
 
 
 class Server(ABC):
-    """The coordinator. It starts from the common initial model and sees only uploaded messages."""
+    """The coordinator. It starts from the common initial model and sees only uploaded messages.
+
+    Per round, the runner asks `stages` once; per stage it calls `configure`, then every client's local
+    work (gfl_bench/exchange.py), then `aggregate`; after the last stage, `diagnostics` once and, at the
+    rounds asked for, `snapshot`. Every client takes part in every exchange. The server's own random
+    draws happen inside the run's random streams, so a run stepped with others draws what it draws alone.
+    """
 
     def __init__(self, model: Backbone, params: MethodParams, setup: Setup) -> None:
         self.model = model
@@ -208,28 +219,50 @@ class Server(ABC):
         self.setup = setup
 
     def stages(self, rnd_index: int) -> int:
-        """How many configure/fit/aggregate exchanges round `rnd_index` has."""
+        """How many configure/fit/aggregate exchanges round `rnd_index` (0-based) has; default 1.
+
+        Asked once per round, before its first exchange; the stages are `Round(rnd_index, 0..n-1)`."""
         return 1
 
     @abstractmethod
     def configure(self, rnd: Round, client_ids: list[int]) -> dict[int, Message]:
-        """The message each client receives at the start of this exchange."""
+        """The message each client receives at the start of this exchange, by client id.
+
+        Called once per exchange, before any client works, with every client id in ascending order
+        (`list(range(num_clients))`). Every id must get an entry (one without is an error: the run stops);
+        an empty dict sends nothing. Entries may share tensors, and one dict may serve every client: the
+        exchange gives each client its own copy, so a client can never change the server's tensors."""
 
     @abstractmethod
     def aggregate(self, rnd: Round, uploads: Mapping[int, Message]) -> None:
-        """Update the server state from the clients' uploads."""
+        """Update the server state from the clients' uploads.
+
+        Called once per exchange, after every client's local work, with one upload per client id, in
+        ascending id order (iterate `uploads.values()` for that order). The uploads are the server's own
+        copies: it may keep them across rounds. Keys a client left out of its message are simply absent."""
 
     def diagnostics(self) -> dict[str, float]:
-        """Scalars recorded per round in the run record (e.g. FedGMC's anchor equiangularity)."""
+        """Scalars recorded per round in the run record (e.g. FedGMC's anchor equiangularity); default none.
+
+        Called once per round after its last `aggregate`, before evaluation. Give the same keys every
+        round: the record keeps one list per key, and a key missing in a round would misalign its list."""
         return {}
 
     def snapshot(self) -> dict[str, Any]:
-        """Server state worth saving at chosen rounds for case studies (`--snapshot-rounds`)."""
+        """Server state worth saving at chosen rounds for case studies (`--snapshot-rounds`); default none.
+
+        Called after `diagnostics`, only at the rounds asked for, and written with `torch.save`, so move
+        tensors to the CPU. Not called at all in runs without snapshots: it must not change the server."""
         return {}
 
 
 class Method:
-    """Registration record: names, hyperparameters and the two parties of one method."""
+    """Registration record: names, hyperparameters and the two parties of one method.
+
+    Read by the registry (`all_methods`, once per process) and by the runner, which builds one `server`
+    and, per client id, one `client`, each with its own deep copy of one seeded initial model. Nothing
+    here is called per round; `paper_preset` and `equivalent` are asked by the experiment layer (presets,
+    tables) before or after runs."""
 
     name: ClassVar[str]  # CLI name
     title: ClassVar[str]  # row name in the paper's tables

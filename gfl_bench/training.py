@@ -81,7 +81,7 @@ class TrainingClient(Client):
         """One local step's objective on the per-client path: `objective` on one forward pass, plus the
         penalty. The batched executor never calls it (it slices one batched forward per client), so an
         override makes the method run per client unless it only feeds `objective` (then overrides it too)."""
-        return self.penalised(self.objective(self.model(self.graph)))
+        return self.penalised(self.objective(*self.model.outputs(self.graph)))
 
     def objective(self, logits: Tensor, representations: Any = None) -> Tensor:
         """The data term of one local step given this client's logits: cross-entropy on its training nodes.
@@ -135,14 +135,16 @@ class TrainingClient(Client):
     @classmethod
     def _batches(cls) -> bool:
         """Whether the batched executor computes this client's local step: it calls `receive`, `objective`,
-        `penalty`, `group_step` and `upload`, so every other step hook must be TrainingClient's own, or
-        `fit` be declared equal to them in some stages (`trains_locally`), or `loss` feed `objective`."""
+        `penalty`, `group_step` and `upload`, and scores one batched forward, so every other step hook must
+        be TrainingClient's own (`train_local`, `predict`), `fit` be declared equal to those steps in some
+        stages (`trains_locally`), and `loss` only feed `objective` (overridden with it)."""
 
         def own(hook: str) -> bool:
             return getattr(cls, hook) is not getattr(TrainingClient, hook)
 
         return (
             not own("train_local")
+            and not own("predict")
             and (not own("fit") or own("trains_locally"))
             and (not own("loss") or own("objective"))
         )

@@ -84,13 +84,17 @@ def test_batchability_is_derived_from_the_hooks_a_client_overrides():
         def train_local(self):
             pass
 
+    class OwnPrediction(TrainingClient):
+        def predict(self):
+            return torch.zeros(())
+
     verdicts = {
         kind.__name__: kind._batches()
-        for kind in (Plain, OwnFit, OwnFitSomeStages, OwnLoss, OwnLossFeedingObjective, OwnTraining)
+        for kind in (Plain, OwnFit, OwnFitSomeStages, OwnLoss, OwnLossFeedingObjective, OwnTraining, OwnPrediction)
     }
     assert verdicts == {
         "Plain": True, "OwnFit": False, "OwnFitSomeStages": True, "OwnLoss": False,
-        "OwnLossFeedingObjective": True, "OwnTraining": False,
+        "OwnLossFeedingObjective": True, "OwnTraining": False, "OwnPrediction": False,
     }  # fmt: skip
 
     def registered(client: type) -> type[Method]:
