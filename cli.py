@@ -816,14 +816,15 @@ def import_runs(
     """Add the runs of exported files to the store: every record of every file is read and checked first
     (finite numbers, required fields, keys that follow from its config and seed, values that are its
     curves'), and records that disagree on a run are refused; then all new runs are stored in one
-    transaction. A run already stored (same run key) is kept as it is, and said when it differs."""
-    from gfl_bench.store import differing_from_stored, disagreements, read_records
+    transaction. A run already stored under the same execution (run key and execution key) is kept as it
+    is, and said when it differs; another execution of a stored run is added beside it."""
+    from gfl_bench.store import differing_from_stored, disagreements, distinct, read_records
 
     imported = [item for path in files for item in read_records(path)]
     clashes = disagreements(imported)
     if clashes:
         raise UserError(f"{len(clashes)} runs have records that disagree: {_some(clashes)}; nothing was imported")
-    records = list({item.record["run_key"]: item.record for item in imported}.values())
+    records = distinct(imported)
     with RunStore(store, _say) as runs:
         differ = differing_from_stored(runs, records)
         added = runs.put_many(records)
@@ -906,7 +907,9 @@ def table(
     overrides = parse_overrides(set_ or [], list(registered))
     titles = {m: cls.title for m, cls in registered.items()}
     if frame is not None:
-        sel = tables.Selection(frame, overrides, rounds, local_epochs, seeds, selection, protocol, tuned_dir, value)
+        executions = _stored_runs(store, every_execution=True)  # for the cells' execution bands
+        sel = tables.Selection(frame, overrides, rounds, local_epochs, seeds, selection, protocol, tuned_dir, value,
+                               executions)  # fmt: skip
     rendered = []
     for n in numbers if not (number is None and chosen_datasets) else [0]:
         if n == 0:
@@ -1019,11 +1022,12 @@ def _chosen_methods(method: str | None, frame, registered: dict) -> list[str]:
     return method_order(names)
 
 
-def _stored_runs(store: Path):
+def _stored_runs(store: Path, every_execution: bool = False):
+    """The store's runs (`RunStore.frame`): the execution tables read of each, or every execution."""
     if not Path(store).exists():
         raise UserError(f"no run store at {store}; run `gflbench run` first or pass --store")
     with RunStore(store) as runs:
-        return runs.frame()
+        return runs.frame(every_execution)
 
 
 def _show(renderable) -> None:

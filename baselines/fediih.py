@@ -77,6 +77,7 @@ from gfl_bench.method import (
     log_range,
     positive,
 )  # fmt: skip
+from gfl_bench.switches import execution_switch
 from gfl_bench.training import TrainingClient
 
 
@@ -123,8 +124,9 @@ class FedIIHParams(MethodParams):
     negative_ratio: float = 1.0
     # The routing's arithmetic (gfl_bench.backbones.neighbourhood_routing): "gather" (edge gathers) or
     # "sparse" (sampled and CSR products, 5x faster per Minesweeper round on a CPU). Same math, different
-    # float rounding, which FedIIH's first round amplifies: the kernel is part of a run's identity.
-    routing_kernel: str = "gather"
+    # float rounding, which FedIIH's first round amplifies: an execution switch (gfl_bench/switches.py),
+    # in the run key because the stored sparse runs were keyed with it; tables show the spread it makes.
+    routing_kernel: str = execution_switch("gather", ROUTING_KERNELS)
 
     def __post_init__(self) -> None:
         if self.backbone != "disengcn":

@@ -11,6 +11,7 @@ changes numbers, and old records stop matching instead of being mixed in silentl
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from gfl_bench.method import MethodParams, method_class, resolve_params
 from gfl_bench.partition import DEFAULT_DATA_SEED, check_clients, check_data_seed
 from gfl_bench.protocol import DEFAULT_PROTOCOL, protocol_schedule, protocol_values, tuned_source
 from gfl_bench.records import config_key_of, run_key_of
+from gfl_bench.switches import EXECUTION, switches
 
 HARNESS_VERSION = 2  # 2: protocols (paper defaults: GCN baselines, plain mean, FED-PUB code regularisers)
 
@@ -71,6 +73,21 @@ def keyed_params(params: MethodParams) -> dict[str, Any]:
     return {
         name: value for name, value in dataclasses.asdict(params).items() if name not in added or value != added[name]
     }
+
+
+def execution_variants(spec: RunSpec) -> dict[str, str]:
+    """Config key -> label of every configuration that computes `spec`'s run with other execution switches
+    (gfl_bench/switches.py: FedIIH's routing kernel), `spec`'s own included: the same experiment up to float
+    rounding, under another run key only because stored runs were keyed with the switch. The label names
+    the switches' values (`routing_kernel=sparse`); empty for a method without such switches."""
+    fields = switches(spec.params, EXECUTION)
+    choices = [[(name, value) for value in field.metadata["values"]] for name, field in fields.items()]
+    variants = {}
+    for chosen in itertools.product(*choices):
+        params = dataclasses.replace(spec.params, **dict(chosen))
+        label = " ".join(f"{name}={value}" for name, value in chosen)
+        variants[dataclasses.replace(spec, params=params).config_key] = label
+    return variants
 
 
 def make_spec(

@@ -32,11 +32,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from gfl_bench.errors import UserError
+from gfl_bench.execution import execution_key, execution_rank
 
 if TYPE_CHECKING:  # pandas (1.5 s to import) is loaded by `frame`, the one reader that needs it, not by `--help`
     import pandas as pd
 
-SCHEMA_VERSION = 2  # PRAGMA user_version; 2: the protocol column. A newer store is refused, never rewritten.
+# PRAGMA user_version; 2: the protocol column; 3: runs keyed by (run key, execution key) (`_migrate_to_executions`).
+# A newer store is refused, never rewritten.
+SCHEMA_VERSION = 3
 RESULTS_ENV = "GFLBENCH_RESULTS"
 DEFAULT_STORE = Path("results") / "runs.sqlite"
 LOCK_WAIT_ENV = "GFLBENCH_LOCK_WAIT"
@@ -44,7 +47,7 @@ DEFAULT_LOCK_WAIT = 300.0  # seconds a write waits for another process's lock be
 _ATTEMPT_SECONDS = 5.0  # SQLite's own busy handler per attempt: two gflbench writers never wait longer than this
 
 _COLUMNS = (
-    "run_key", "config_key", "method", "protocol", "dataset", "scheme", "clients", "data_seed", "seed",
+    "run_key", "execution_key", "config_key", "method", "protocol", "dataset", "scheme", "clients", "data_seed", "seed",
     "metric", "status", "best_round", "val", "test", "val_weighted", "test_weighted",
     "val_client_best", "test_client_best", "seconds_per_round", "finished_at",
 )  # fmt: skip
@@ -52,9 +55,12 @@ _COLUMNS = (
 # Columns added after the first stores were written: opened stores gain them (NULL for older runs).
 _ADDED_COLUMNS = {"val_client_best": "REAL", "test_client_best": "REAL", "protocol": "TEXT", "checksum": "INTEGER"}
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    run_key TEXT PRIMARY KEY,
+# A run is kept under its run key and its execution key (gfl_bench/execution.py): the same experiment
+# computed per client and batched, or on CPU and GPU, is two records, both kept.
+_TABLE = """
+CREATE TABLE IF NOT EXISTS {name} (
+    run_key TEXT NOT NULL,
+    execution_key TEXT NOT NULL,
     config_key TEXT NOT NULL,
     method TEXT NOT NULL,
     protocol TEXT,
@@ -75,15 +81,19 @@ CREATE TABLE IF NOT EXISTS runs (
     seconds_per_round REAL,
     finished_at REAL NOT NULL,
     record TEXT NOT NULL,
-    checksum INTEGER
+    checksum INTEGER,
+    PRIMARY KEY (run_key, execution_key)
 );
-CREATE INDEX IF NOT EXISTS runs_cell ON runs (method, dataset, scheme, clients, config_key);
 """
+_INDEX = "CREATE INDEX IF NOT EXISTS runs_cell ON runs (method, dataset, scheme, clients, config_key);"
+_SCHEMA = _TABLE.format(name="runs") + _INDEX
 
 
 # The columns a gflbench store's `runs` table had from the first version on; any other column must be one
 # a later version added (`_ADDED_COLUMNS`). A file whose schema is anything else is another program's.
-_FIRST_COLUMNS = frozenset(c for c in (*_COLUMNS, "record") if c not in _ADDED_COLUMNS)
+# `execution_key` came with schema 3, which rebuilds the table around it (`_migrate_to_executions`).
+_MIGRATED_COLUMNS = frozenset({"execution_key"})
+_FIRST_COLUMNS = frozenset(c for c in (*_COLUMNS, "record") if c not in _ADDED_COLUMNS and c not in _MIGRATED_COLUMNS)
 _OUR_SCHEMA = {("table", "runs"), ("index", "runs_cell")}
 
 T = TypeVar("T")
@@ -139,6 +149,7 @@ class RunStore:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
         self._add_missing_columns()
+        self._migrate_to_executions()
         if self._db.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
             self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
@@ -160,7 +171,8 @@ class RunStore:
             raise UserError(f"the run store {self.path} was written by a newer gflbench (schema {version}, this one "
                             f"reads {SCHEMA_VERSION}); upgrade gflbench to use it")  # fmt: skip
         ours = (not schema and version == 0) or (
-            schema <= _OUR_SCHEMA and _FIRST_COLUMNS <= columns <= _FIRST_COLUMNS | set(_ADDED_COLUMNS)
+            schema <= _OUR_SCHEMA
+            and _FIRST_COLUMNS <= columns <= _FIRST_COLUMNS | set(_ADDED_COLUMNS) | _MIGRATED_COLUMNS
         )
         if not ours:
             held = ", ".join(f"{kind} {name}" for kind, name in sorted(schema)) or f"no tables, user_version {version}"
@@ -177,6 +189,38 @@ class RunStore:
             for name, kind in _ADDED_COLUMNS.items():
                 if name not in present:
                     self._db.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
+
+    def _migrate_to_executions(self) -> None:
+        """Schema 3: key every stored run by (run key, execution key), in one transaction. Run keys, records and
+        values stay as they were; each row gains its record's execution key (`execution.Execution.of_record`:
+        a record without the fields, per-client/dense/alone/cpu) and, where it had one, a checksum over the new
+        columns (the old checksums were verified when the store was opened, `_check`). SQLite cannot change a
+        primary key in place, so the table is copied into the new shape and renamed over the old one."""
+        self._db.execute("BEGIN IMMEDIATE")  # another process migrating the same store waits here, then finds it done
+        try:
+            present = [row[1] for row in self._db.execute("PRAGMA table_info(runs)")]
+            if "execution_key" in present:
+                self._db.execute("ROLLBACK")
+                return
+            old = [c for c in (*_COLUMNS, "record") if c not in _MIGRATED_COLUMNS]
+            rows = self._db.execute(f"SELECT {', '.join(old)}, checksum FROM runs").fetchall()
+            self._db.execute("DROP INDEX IF EXISTS runs_cell")
+            self._db.execute(_TABLE.format(name="runs_by_execution"))
+            for *values, checksum in rows:
+                stored = dict(zip(old, values, strict=True))
+                row = {c: stored.get(c) for c in (*_COLUMNS, "record")}
+                row["execution_key"] = execution_key(json.loads(stored["record"]))  # NaN tokens of old records parse
+                row["checksum"] = None if checksum is None else _checksum(list(row.values()))
+                names, marks = ", ".join(row), ", ".join("?" for _ in row)
+                self._db.execute(f"INSERT INTO runs_by_execution ({names}) VALUES ({marks})", tuple(row.values()))
+            self._db.execute("DROP TABLE runs")
+            self._db.execute("ALTER TABLE runs_by_execution RENAME TO runs")
+            self._db.execute(_INDEX)
+            self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
 
     def _retrying(self, write: Callable[[], T], patient: bool) -> T:
         """Run `write`; while another process holds the store's lock (an open sqlite3 shell, a DB browser),
@@ -239,15 +283,21 @@ class RunStore:
         return self._db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
 
     def statuses(self) -> dict[str, str]:
-        """run_key -> "ok" or "failed", for every stored run."""
-        return dict(self._db.execute("SELECT run_key, status FROM runs").fetchall())
+        """run_key -> "ok" or "failed", for every stored run: the status of the execution tables read (`_first`)."""
+        rows = self._db.execute("SELECT run_key, execution_key, status FROM runs").fetchall()
+        return {key: status for key, _, status in _first(rows)}
+
+    def executions(self, run_key: str) -> list[str]:
+        """The execution keys this run is stored under, the one tables read first."""
+        rows = self._db.execute("SELECT execution_key FROM runs WHERE run_key = ?", (run_key,)).fetchall()
+        return sorted((row[0] for row in rows), key=execution_rank)
 
     def _rows_failing_checksum(self) -> int:
         """Rows whose content changed since they were written (SQLite's checks see structure, not content)."""
         present = {row[1] for row in self._db.execute("PRAGMA table_info(runs)")}
         if "checksum" not in present:
             return 0  # a store from before checksums: nothing to compare against
-        names = ", ".join((*_COLUMNS, "record"))
+        names = ", ".join(c for c in (*_COLUMNS, "record") if c in present)  # a store before schema 3 lacks some
         rows = self._db.execute(f"SELECT {names}, checksum FROM runs WHERE checksum IS NOT NULL")
         return sum(1 for *values, checksum in rows if _checksum(values) != checksum)
 
@@ -314,28 +364,34 @@ class RunStore:
         """How many runs went to the spool file instead of the store."""
         return len(self._spooled)
 
-    def record(self, run_key: str) -> dict:
-        row = self._db.execute("SELECT record FROM runs WHERE run_key = ?", (run_key,)).fetchone()
-        if row is None:
-            raise KeyError(run_key)
-        return json.loads(row[0])
+    def record(self, run_key: str, execution: str | None = None) -> dict:
+        """A run's record: under `execution`, or the one tables read (`_first`)."""
+        rows = self._db.execute("SELECT run_key, execution_key, record FROM runs WHERE run_key = ?", (run_key,))
+        chosen = [text for _, key, text in _first(rows.fetchall(), keep_all=execution is not None)
+                  if execution is None or key == execution]  # fmt: skip
+        if not chosen:
+            raise KeyError(run_key if execution is None else (run_key, execution))
+        return json.loads(chosen[0])
 
-    def records(self, run_keys: Iterable[str] | None = None) -> list[dict]:
-        """Full records, all of them or those with the given keys."""
+    def records(self, run_keys: Iterable[str] | None = None, every_execution: bool = False) -> list[dict]:
+        """Full records: every stored one (every execution of every run: what `export` writes), or those
+        with the given run keys, one per key (the execution tables read) unless `every_execution`."""
         if run_keys is None:
-            rows = self._db.execute("SELECT record FROM runs ORDER BY finished_at").fetchall()
-        else:
-            keys = list(run_keys)
-            rows = []
-            for start in range(0, len(keys), 500):
-                chunk = keys[start : start + 500]
-                marks = ", ".join("?" for _ in chunk)
-                rows += self._db.execute(f"SELECT record FROM runs WHERE run_key IN ({marks})", chunk).fetchall()
-        return [json.loads(r[0]) for r in rows]
+            rows = self._db.execute("SELECT record FROM runs ORDER BY finished_at, execution_key").fetchall()
+            return [json.loads(r[0]) for r in rows]
+        keys = list(run_keys)
+        found = []
+        for start in range(0, len(keys), 500):
+            chunk = keys[start : start + 500]
+            marks = ", ".join("?" for _ in chunk)
+            query = f"SELECT run_key, execution_key, record FROM runs WHERE run_key IN ({marks}) ORDER BY finished_at"
+            found += self._db.execute(query, chunk).fetchall()
+        return [json.loads(text) for _, _, text in _first(found, keep_all=every_execution)]
 
-    def frame(self) -> pd.DataFrame:
-        """The summary columns of every stored run, one row each, plus each record's peak memory (NaN
-        where a record has none) read from the record itself, so that no stored row changes.
+    def frame(self, every_execution: bool = False) -> pd.DataFrame:
+        """The summary columns of every stored run, one row each (the execution tables read, `_first`; every
+        execution of it with `every_execution`), plus each record's peak memory (NaN where a record has none)
+        read from the record itself, so that no stored row changes.
 
         `non_finite` marks a record written before records were strict JSON, with NaN tokens in it (a
         client without the nodes a metric needs): SQLite's JSON functions reject such text, so it is
@@ -347,7 +403,23 @@ class RunStore:
         query = f"SELECT {', '.join(_COLUMNS)}, {peak}, NOT {strict} AS non_finite FROM runs"
         frame = pd.read_sql_query(query, self._db)
         frame["non_finite"] = frame["non_finite"].astype(bool)
-        return frame
+        if every_execution or frame.empty:
+            return frame
+        rank = frame["execution_key"].map(execution_rank)
+        first = frame.assign(_rank=rank).sort_values(["run_key", "_rank"], kind="stable")
+        return first.drop_duplicates("run_key").drop(columns="_rank").sort_index()
+
+
+def _first(rows: Iterable[tuple], keep_all: bool = False) -> list[tuple]:
+    """Of rows (run_key, execution_key, ...), the one per run key that tables read: the execution of the
+    lowest `execution.execution_rank` (per-client before batched, dense before sparse, alone before stacked,
+    CPU first), so that storing another execution of a run never moves a table's cell. Run keys in the order
+    they first appear; with `keep_all`, every row, each run key's ranked."""
+    by_key: dict[str, list[tuple]] = {}
+    for row in rows:
+        by_key.setdefault(row[0], []).append(row)
+    ranked = [sorted(group, key=lambda row: execution_rank(row[1])) for group in by_key.values()]
+    return [row for group in ranked for row in group] if keep_all else [group[0] for group in ranked]
 
 
 def _locked(error: sqlite3.Error) -> bool:
@@ -380,6 +452,7 @@ def _row(record: dict) -> dict:
     """The store row of a record: its summary columns, the record as strict JSON, and their checksum."""
     row = {
         **{c: finite(record.get(c)) for c in _COLUMNS},
+        "execution_key": execution_key(record),
         "status": record.get("status", "ok"),
         "seconds_per_round": round_seconds(record),
         "record": _json(record),
@@ -561,27 +634,44 @@ def _fields(names: list[str]) -> str:
     return ", ".join(f"{n} (other processed data)" if n == "data_fingerprint" else n for n in names)
 
 
+def identity(record: dict) -> tuple[str, str]:
+    """What the store keeps a record under: its run key and its execution key (gfl_bench/execution.py)."""
+    return record["run_key"], execution_key(record)
+
+
+def distinct(imported: list[Imported]) -> list[dict]:
+    """The records of `imported`, one per identity (the first read): what `import` stores."""
+    chosen: dict[tuple[str, str], dict] = {}
+    for item in imported:
+        chosen.setdefault(identity(item.record), item.record)
+    return list(chosen.values())
+
+
 def disagreements(imported: list[Imported]) -> list[str]:
-    """Run keys that two imported records hold with different results, each as "KEY (WHERE vs WHERE:
-    FIELDS)"; records repeated with the same results are no conflict."""
-    first: dict[str, Imported] = {}
+    """Runs (one execution of one run key) that two imported records hold with different results, each as
+    "KEY EXECUTION (WHERE vs WHERE: FIELDS)"; records repeated with the same results are no conflict, and two
+    executions of one run differ by right (their spread is the execution band)."""
+    first: dict[tuple[str, str], Imported] = {}
     found = []
     for item in imported:
-        seen = first.setdefault(item.record["run_key"], item)
+        seen = first.setdefault(identity(item.record), item)
         if differ := _differing_results(seen.record, item.record):
-            found.append(f"{item.record['run_key']} ({seen.where} vs {item.where}: {_fields(differ)})")
+            key, execution = identity(item.record)
+            found.append(f"{key} {execution} ({seen.where} vs {item.where}: {_fields(differ)})")
     return found
 
 
 def differing_from_stored(store: RunStore, records: list[dict]) -> list[str]:
-    """Records whose key the store holds with other results, each as "KEY (method dataset scheme-clients
-    seed S: FIELDS)": `import` keeps the stored run, and says which differ and in what."""
-    incoming = {record["run_key"]: record for record in records}
+    """Records whose run the store holds, under the same execution, with other results, each as "KEY
+    (method dataset scheme-clients seed S EXECUTION: FIELDS)": `import` keeps the stored run, and says which
+    differ and in what."""
+    incoming = {identity(record): record for record in records}
     found = []
-    for r in store.records(incoming):
-        if differ := _differing_results(r, incoming[r["run_key"]]):
-            found.append(f"{r['run_key']} ({r['method']} {r['dataset']} {r['scheme']}-{r['clients']} seed {r['seed']}: "
-                         f"{_fields(differ)})")  # fmt: skip
+    for r in store.records({key for key, _ in incoming}, every_execution=True):
+        other = incoming.get(identity(r))
+        if other is not None and (differ := _differing_results(r, other)):
+            found.append(f"{r['run_key']} ({r['method']} {r['dataset']} {r['scheme']}-{r['clients']} seed {r['seed']} "
+                         f"{execution_key(r)}: {_fields(differ)})")  # fmt: skip
     return found
 
 

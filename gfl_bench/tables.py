@@ -30,7 +30,7 @@ from gfl_bench.method import method_class
 from gfl_bench.partition import default_clients
 from gfl_bench.protocol import DEFAULT_PROTOCOL, PROTOCOLS, MissingTuning, hyperparameter_source
 from gfl_bench.significance import FEW, PairedTest, compare_to_best
-from gfl_bench.spec import RunSpec, make_spec
+from gfl_bench.spec import RunSpec, execution_variants, make_spec
 
 if TYPE_CHECKING:
     from rich.console import Console, ConsoleOptions, RenderResult
@@ -86,6 +86,21 @@ class Cell:
 
 
 @dataclass(frozen=True)
+class Band:
+    """A cell's execution band (docs/protocol.md, "Execution band"): how far one seed's value moves across
+    the executions the store holds of it (executor, feature layout, stacking, device: gfl_bench/execution.py;
+    execution switches such as FedIIH's routing kernel: gfl_bench/switches.py)."""
+
+    spread: float  # the largest, over the cell's seeds, of max − min of one seed's values across executions
+    seeds: int  # seeds stored under more than one execution
+    executions: tuple[str, ...]  # the executions seen, each as its execution key and switch values
+
+    def exceeds(self, cell: Cell | None) -> bool:
+        """Whether the band is wider than the cell's seed std: then execution, not the seed, moves the cell most."""
+        return cell is not None and cell.n > 0 and self.spread > cell.std
+
+
+@dataclass(frozen=True)
 class Block:
     """One rectangular piece of a table: text cells, the numbers behind them, and how to rank them."""
 
@@ -94,6 +109,7 @@ class Block:
     higher_is_better: bool | None = True  # None: no bold/underline
     marks: pd.DataFrame | None = None  # same shape: a significance.Mark where a column was tested, else None
     test: PairedTest | None = None  # the test behind `marks`
+    bands: pd.DataFrame | None = None  # same shape: a Band where a cell has one, else None
 
 
 @dataclass(frozen=True)
@@ -109,6 +125,9 @@ class Selection:
     protocol: str = DEFAULT_PROTOCOL
     tuned: Path | None = None  # the `fair` protocol's folder of tuned values
     value: str = "test"  # "test", or "val" to choose settings by (never report validation as a result)
+    # Every execution of every stored run (`RunStore.frame(every_execution=True)`), for execution bands; `runs`
+    # holds the one execution per run that cells read. None: no bands.
+    executions: pd.DataFrame | None = None
 
     def spec_of(self, method: str, dataset: str, scheme: str, clients: int) -> RunSpec | None:
         """Seed 0's spec of one cell under the selected protocol; None where `fair` has no tuned values."""
@@ -146,6 +165,32 @@ class Selection:
         ok = chosen[chosen["status"] == "ok"].dropna(subset=[column])
         scale = {"seconds_per_round": 1.0, "peak_memory_bytes": 1.0 / 2**20}.get(column, 100.0)  # s, MB, percent
         return pd.Series(ok[column].to_numpy(float) * scale, index=ok["seed"])
+
+    def band(self, method: str, dataset: str, scheme: str, clients: int) -> Band | None:
+        """The cell's execution band, where the store holds some seed under more than one execution; else None.
+
+        The executions of a seed are its records under the cell's run key (one per execution key) and under
+        the run keys that differ from it in execution switches only (`spec.execution_variants`). The value is
+        the one the cell shows (test or validation, under the selection rule)."""
+        spec = self.spec_of(method, dataset, scheme, clients)
+        runs = self.executions
+        if runs is None or runs.empty or spec is None:
+            return None
+        variants = execution_variants(spec)
+        column = self.value + SELECTION_RULES[self.rule]
+        chosen = runs[runs["config_key"].isin(list(variants)) & (runs["method"] == method) & (runs["status"] == "ok")
+                      & (runs["dataset"] == dataset) & (runs["scheme"] == scheme) & (runs["clients"] == clients)]  # fmt: skip
+        if column not in chosen:
+            return None
+        chosen = chosen.dropna(subset=[column])
+        labels = (chosen["execution_key"] + " " + chosen["config_key"].map(variants)).str.strip()
+        per_seed = chosen.assign(label=labels, value=chosen[column] * 100.0).groupby("seed")
+        several = per_seed["label"].nunique() > 1
+        if not several.any():
+            return None
+        spreads = per_seed["value"].agg(lambda v: v.max() - v.min())[several]
+        seen = tuple(sorted(set(labels[chosen["seed"].isin(spreads.index)])))
+        return Band(float(spreads.max()), int(several.sum()), seen)
 
     def cell(self, method: str, dataset: str, scheme: str, clients: int, column: str | None = None) -> Cell | None:
         chosen = self.runs_of(method, dataset, scheme, clients)
@@ -241,6 +286,7 @@ def results_table(number: int, sel: Selection, methods: Sequence[str], titles: M
         scheme
     )  # the paper's counts for its schemes (= CLIENTS), 5/10/20 for the others
     cells = {(m, d, c): sel.cell(m, d, scheme, c) for m in methods for d in datasets for c in clients}
+    bands = {(m, d, c): sel.band(m, d, scheme, c) for m in methods for d in datasets for c in clients}
     tested = {(d, c): compare_to_best({m: v for m in methods if (v := sel.seed_values(m, d, scheme, c)) is not None}, test)
               for d in datasets for c in clients}  # fmt: skip
     data_columns = [(dataset_spec(d).title, f"{c} Clients") for d in datasets for c in clients]
@@ -249,14 +295,17 @@ def results_table(number: int, sel: Selection, methods: Sequence[str], titles: M
     text: dict[str, list[str]] = {}
     values: dict[str, list[float]] = {}
     marks: dict[str, list] = {}
+    banded: dict[str, list] = {}
     for m in methods:
         row = [cells[(m, d, c)] for d in datasets for c in clients]
         label = sel.row_label(m, titles[m], [(d, scheme, c) for d in datasets for c in clients if cells[(m, d, c)]])
         marks[label] = [tested[(d, c)].get(m) for d in datasets for c in clients]
+        banded[label] = [bands[(m, d, c)] for d in datasets for c in clients]
         text[label] = [sel.format(cell) + (f" · n<{test.min_seeds}" if mark and mark.verdict == FEW else "")
-                       for cell, mark in zip(row, marks[label])]  # fmt: skip
+                       + _band_text(band, cell) for cell, mark, band in zip(row, marks[label], banded[label])]  # fmt: skip
         values[label] = [cell.mean if cell else math.nan for cell in row]
         marks[label] += [None] * len(avg_groups)
+        banded[label] += [None] * len(avg_groups)
         for _, members in avg_groups:
             present = [cells[(m, d, c)].mean for d, c in members if cells[(m, d, c)] and cells[(m, d, c)].n]
             mean = sum(present) / len(present) if present else math.nan
@@ -267,15 +316,24 @@ def results_table(number: int, sel: Selection, methods: Sequence[str], titles: M
             )
             values[label].append(mean)
     columns = data_columns + [("Avg.", name) for name, _ in avg_groups]
-    full = _frame(text, columns), _frame(values, columns), _frame(marks, columns)
+    full = _frame(text, columns), _frame(values, columns), _frame(marks, columns), _frame(banded, columns)
     blocks = []
     step = 3 * len(clients)
     for start in range(0, len(data_columns), step):
         cols = data_columns[start : start + step] + (
             columns[len(data_columns) :] if start + step >= len(data_columns) else []
         )
-        blocks.append(Block(full[0][cols], full[1][cols], marks=full[2][cols], test=test))
+        has_band = any(b is not None for b in full[3][cols].to_numpy().ravel())
+        blocks.append(Block(full[0][cols], full[1][cols], marks=full[2][cols], test=test,
+                            bands=full[3][cols] if has_band else None))  # fmt: skip
     return blocks
+
+
+def _band_text(band: Band | None, cell: Cell | None) -> str:
+    """A cell's execution band beside its std: ` · exec 0.35` (`> std` where it is wider than the seed std)."""
+    if band is None:
+        return ""
+    return f" · exec {band.spread:.2f}" + (" > std" if band.exceeds(cell) else "")
 
 
 def ablation_table(sel: Selection, titles: Mapping[str, str], datasets: Sequence[str]) -> list[Block]:
@@ -374,6 +432,8 @@ def render(blocks: Sequence[Block], caption: str, fmt: str):
     test = next((b.test for b in blocks if b.marks is not None and b.test is not None), None)
     if test is not None:
         caption = f"{caption.rstrip('.')}. {MARK_LEGENDS[fmt]}: {test.describe()}."
+    if any(b.bands is not None for b in blocks):
+        caption = f"{caption.rstrip('.')}. {BAND_LEGEND}."
     if fmt == "terminal":
         return FoldedTables(tuple(blocks), caption)
     writer = {"markdown": _markdown, "latex": _latex, "csv": _csv}[fmt]
@@ -388,6 +448,13 @@ MARK_LEGENDS = {
     "csv": "Columns '<column> top' (best; ns: not significantly worse than the best; worse; n<k: not tested) "
     "and '<column> p' (adjusted p against the best)",
 }
+
+
+BAND_LEGEND = (
+    "exec X: the execution band, the largest spread (max − min) of one seed's value across the executions the "
+    "store holds of it (per-client or batched, dense or sparse features, stacked seeds, device, kernel switches); "
+    "'> std' where it is wider than the seed std (docs/protocol.md, \"Execution band\")"
+)
 
 
 def _top(block: Block) -> pd.DataFrame:
@@ -417,6 +484,10 @@ def _csv(block: Block, caption: str) -> str:
                 lambda m: "" if m is None else f"n<{block.test.min_seeds}" if m.verdict == FEW else m.verdict
             )
             flat[f"{column} p"] = marks[column].map(lambda m: "" if m is None or math.isnan(m.p) else f"{m.p:.4g}")
+    if block.bands is not None:
+        bands = _flat(block.bands)
+        for column in bands.columns[bands.notna().any()]:
+            flat[f"{column} exec"] = bands[column].map(lambda b: "" if b is None else f"{b.spread:.4g}")
     buffer = io.StringIO()
     flat.to_csv(buffer, lineterminator="\n")
     return f"# {caption}\n{buffer.getvalue()}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import signal
 import sqlite3
@@ -13,7 +14,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gfl_bench.store import RunStore
+from gfl_bench.errors import UserError
+from gfl_bench.execution import DEFAULT_EXECUTION_KEY
+from gfl_bench.store import SCHEMA_VERSION, Imported, RunStore, disagreements, distinct
 
 GRID = ["run", "--method", "fedavg", "--dataset", "tiny", "--clients", "5", "--seeds", "6", "--rounds", "40"]
 
@@ -35,6 +38,59 @@ def test_put_is_idempotent_unless_replaced(tmp_path):
         store.put(_record("a", 0.9), replace=True)
         assert len(store) == 1 and store.record("a")["test"] == 0.9
         assert store.frame()["seconds_per_round"].tolist() == [pytest.approx(0.2)]
+
+
+def test_a_schema_2_store_is_migrated_to_execution_keys_keeping_every_run(tmp_path):
+    """tests/golden/store-schema2.sqlite.gz was written by the store of schema 2 (run key alone as the primary
+    key) from three committed records (FedAvg and FedIIH on Cora, FedIIH's sparse kernel on Minesweeper)."""
+    path = tmp_path / "old.sqlite"
+    path.write_bytes(gzip.decompress((Path(__file__).parent / "golden" / "store-schema2.sqlite.gz").read_bytes()))
+    old = sqlite3.connect(path)
+    before = old.execute("SELECT run_key, config_key, test, record FROM runs ORDER BY run_key").fetchall()
+    assert old.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert "execution_key" not in {row[1] for row in old.execute("PRAGMA table_info(runs)")}
+    old.close()
+    with RunStore(path) as store:
+        assert store.frame()["run_key"].sort_values().tolist() == [row[0] for row in before]
+    migrated = sqlite3.connect(path)
+    after = migrated.execute("SELECT run_key, config_key, test, record FROM runs ORDER BY run_key").fetchall()
+    assert after == before  # keys, values and records unchanged
+    assert migrated.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    executions = migrated.execute("SELECT DISTINCT execution_key FROM runs").fetchall()
+    assert executions == [(DEFAULT_EXECUTION_KEY,)] == [("per-client/dense/alone/cpu",)]
+    migrated.execute("UPDATE runs SET test = test + 0.01 WHERE rowid = (SELECT MIN(rowid) FROM runs)")
+    migrated.commit()
+    migrated.close()
+    with pytest.raises(UserError, match="1 runs no longer match their checksum"):  # checksums were rewritten, and hold
+        RunStore(path)
+
+
+def test_two_executions_of_one_run_are_both_kept_and_tables_read_the_reference(tmp_path):
+    per_client = {**_record("a", 0.5), "execution": "per-client", "device": "cpu"}
+    batched = {**_record("a", 0.6), "execution": "batched", "stacked_runs": 3, "device": "cuda:0"}
+    for order in ((batched, per_client), (per_client, batched)):  # whichever was stored first
+        path = tmp_path / f"{order[0]['execution']}-first.sqlite"
+        with RunStore(path) as store:
+            for record in order:
+                store.put(record)
+            store.put({**batched, "test": 0.7})  # the same execution again: kept, not replaced
+            assert len(store) == 2 and store.executions("a") == [
+                "per-client/dense/alone/cpu",
+                "batched/dense/stacked/cuda",
+            ]
+            assert store.record("a")["test"] == 0.5 and store.record("a", "batched/dense/stacked/cuda")["test"] == 0.6
+            assert store.frame()["test"].tolist() == [0.5] and len(store.frame(every_execution=True)) == 2
+            assert [r["test"] for r in store.records(["a"])] == [0.5]
+            assert sorted(r["test"] for r in store.records(["a"], every_execution=True)) == [0.5, 0.6]
+            assert sorted(r["test"] for r in store.records()) == [0.5, 0.6]  # what export writes: both
+
+
+def test_import_keeps_two_executions_of_a_run_and_refuses_one_execution_twice(tmp_path):
+    per_client, batched = _record("a", 0.5), {**_record("a", 0.6), "execution": "batched"}
+    read = [Imported(per_client, "f, line 1"), Imported(batched, "f, line 2"), Imported(dict(per_client), "g, line 1")]
+    assert disagreements(read) == [] and [r["test"] for r in distinct(read)] == [0.5, 0.6]
+    clash = disagreements([*read, Imported({**batched, "test": 0.9}, "h, line 1")])
+    assert clash == ["a batched/dense/alone/cpu (f, line 2 vs h, line 1: test)"]
 
 
 def test_store_written_before_the_client_best_columns_gains_them(tmp_path):

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from cli import app
 from gfl_bench.spec import make_spec
 from gfl_bench.store import RunStore
+from gfl_bench.tables import Selection
 
 GOLDEN = Path(__file__).parent / "golden"
 METHODS = ("local", "fedavg", "fedprox", "fedper")
@@ -195,3 +196,47 @@ def test_piped_table_prints_its_caption_on_one_line(store):
     assert result.exit_code == 0, result.output
     first = result.stdout.splitlines()[0]
     assert first.startswith("Table 1: Accuracy") and first.endswith("n<3: too few paired seeds to test.")
+
+
+def test_execution_band_spans_executions_and_kernel_switches_and_says_where_it_exceeds_the_std(tmp_path):
+    """Per-client FedAvg 80/81/82 (std 0.82) with batched seeds 0 and 1 at 80.2 and 78.0: band 3.00 > std, and the
+    cell keeps the per-client values. FedIIH 81.0 ± 0 on the gather kernel, 81.05 on the sparse one: band
+    0.05 > std. Local, stored once: no band."""
+    path = tmp_path / "runs.sqlite"
+
+    def put(runs: RunStore, method: str, seed: int, test: float, overrides=None, **execution) -> None:
+        spec = make_spec(method, "cora", "metis", 10, seed, overrides)
+        values = dict.fromkeys(("val", "test", "val_weighted", "test_weighted"), test)
+        runs.put({"run_key": spec.run_key, "config_key": spec.config_key, "method": method, "dataset": "cora",
+                  "scheme": "metis", "clients": 10, "data_seed": spec.data_seed, "seed": seed, "metric": "accuracy",
+                  "status": "ok", "finished_at": 0.0, "best_round": 0, **values, **execution})  # fmt: skip
+
+    with RunStore(path) as runs:
+        for seed, test in enumerate((0.80, 0.81, 0.82)):
+            put(runs, "fedavg", seed, test, execution="per-client")
+            put(runs, "fediih", seed, 0.81)
+            put(runs, "local", seed, 0.7 + seed / 100)
+        put(runs, "fedavg", 0, 0.802, execution="batched")
+        put(runs, "fedavg", 1, 0.78, execution="batched", stacked_runs=2, device="cuda:0")
+        put(runs, "fediih", 2, 0.8105, {"routing_kernel": "sparse"})
+    result = CliRunner().invoke(app, ["table", "-d", "cora", "-f", "csv", "--store", str(path), "--seeds", "3",
+                                      "--method", "local,fedavg,fediih"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = _rows(result.stdout)
+    header = next(row for row in csv.reader(result.stdout.splitlines()) if row and row[0] == "Methods")
+    cell = header.index("Cora 10 Clients")
+    assert rows["FedAvg"][cell] == "81.00±0.82 · exec 3.00 > std"  # the per-client seeds, whichever was stored first
+    assert rows["FedIIH"][cell] == "81.00±0.00 · exec 0.05 > std" and rows["Local"][cell] == "71.00±0.82"
+    band = header.index("Cora 10 Clients exec")
+    assert (rows["FedAvg"][band], rows["FedIIH"][band], rows["Local"][band]) == ("3", "0.05", "")
+    assert "exec X: the execution band" in result.stdout.splitlines()[0]
+    with RunStore(path) as runs:
+        sel = Selection(runs.frame(), {}, executions=runs.frame(every_execution=True))
+    band = sel.band("fedavg", "cora", "metis", 10)
+    assert band is not None and band.seeds == 2
+    assert band.executions == ("batched/dense/alone/cpu", "batched/dense/stacked/cuda", "per-client/dense/alone/cpu")
+    assert sel.band("fediih", "cora", "metis", 10).executions == (
+        "per-client/dense/alone/cpu routing_kernel=gather",
+        "per-client/dense/alone/cpu routing_kernel=sparse",
+    )
+    assert Selection(sel.runs, {}).band("fedavg", "cora", "metis", 10) is None  # no executions given: no band

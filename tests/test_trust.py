@@ -27,6 +27,7 @@ from typer.testing import CliRunner
 
 from cli import app
 from gfl_bench.errors import UserError
+from gfl_bench.execution import DEFAULT_EXECUTION_KEY
 from gfl_bench.runner import DataCache, FederatedData, run
 from gfl_bench.spec import make_spec
 from gfl_bench.store import _COLUMNS, RunStore, _checksum, read_records
@@ -182,7 +183,8 @@ def test_1_a_legacy_record_holding_nan_is_read_and_marked(tmp_path):
     with RunStore(path) as store:
         store.put(good)
     legacy = {**good, "run_key": "legacy", "client_curves": {"val": [[0.5, math.nan]], "test": [[0.5, math.nan]]}}
-    row = {**{c: legacy.get(c) for c in _COLUMNS}, "record": json.dumps(legacy, sort_keys=True)}  # as gflbench wrote it
+    record = json.dumps(legacy, sort_keys=True)  # as gflbench wrote it
+    row = {**{c: legacy.get(c) for c in _COLUMNS}, "execution_key": DEFAULT_EXECUTION_KEY, "record": record}
     row["checksum"] = _checksum(list(row.values()))
     with sqlite3.connect(path) as db:
         db.execute(f"INSERT INTO runs ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})", tuple(row.values()))
