@@ -46,11 +46,9 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch_geometric.data import Data
-from torch_geometric.nn import GCNConv
 
 from gfl_bench.aggregation import load_model_state, mixtures, model_state
 from gfl_bench.backbones import GCN, register_backbone
-from gfl_bench.dropout import dropout
 from gfl_bench.errors import UserError
 from gfl_bench.method import (
     SHARED_SEARCH_SPACE,
@@ -103,22 +101,10 @@ class MaskedGCN(GCN):
         three masks at every evaluation and every functional embedding)."""
         return F.hardshrink(mask, _largest_below(self.prune_below, mask.dtype))
 
-    def masked(self, weight: Tensor, mask: Tensor) -> Tensor:
-        return weight * (mask if self.training else self.pruned(mask))
-
-    def conv(self, layer: GCNConv, x: Tensor, adj: Tensor) -> Tensor:
-        """GCNConv's forward (linear map, normalised propagation, bias) with the masked weight."""
-        h = F.linear(x, self.masked(layer.lin.weight, layer.mask))
-        return layer.propagate(adj, x=h, edge_weight=None) + layer.bias
-
-    def embed(self, graph: Data) -> Tensor:
-        h = F.relu(self.conv(self.conv1, graph.x, graph.gcn_adj))
-        h = dropout(h, self.dropout, self.training)
-        return self.conv(self.conv2, h, graph.gcn_adj)
-
-    def forward(self, graph: Data) -> Tensor:
-        h = dropout(F.relu(self.embed(graph)), self.dropout, self.training)
-        return F.linear(h, self.masked(self.classifier.weight, self.classifier.mask), self.classifier.bias)
+    def weight(self, p: Mapping[str, Tensor], layer: str, training: bool) -> Tensor:
+        """W ⊙ M for `layer`, with M pruned (`pruned`) in eval mode; on both paths (GCN's `network`)."""
+        mask = p[f"{layer}.mask"]
+        return super().weight(p, layer, training) * (mask if training else self.pruned(mask))
 
 
 register_backbone("masked_gcn", MaskedGCN)

@@ -44,7 +44,6 @@ from torch_geometric.data import Data
 
 from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
 from gfl_bench.backbones import BACKBONES, FEDGMC_BACKBONE, H2GCN, H2GCNRepresentations, backbone_class
-from gfl_bench.dropout import dropout
 from gfl_bench.errors import UserError
 from gfl_bench.method import (
     SHARED_SEARCH_SPACE,
@@ -416,13 +415,6 @@ class FedGMCClient(TrainingClient):
         if self.sample is None:
             self.sample = self.candidates[self.order.to(self.candidates.device)]
         return self.sample
-
-    def loss(self) -> Tensor:
-        """Eq. 74 on one forward pass (the batched path calls `objective` on its slice of a batched one)."""
-        reps = self.model.representations(self.graph)
-        # H2GCN.forward on the same representations: dropout, then the classifier.
-        logits = self.model.classifier(dropout(reps.combined, self.model.dropout, self.model.training))
-        return self.penalised(self.objective(logits, reps))
 
     def objective(self, logits: Tensor, reps: H2GCNRepresentations) -> Tensor:
         """CE + semantic + structural calibration; the detached parts the upload needs are kept in `self.state`.

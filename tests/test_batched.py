@@ -33,7 +33,7 @@ BATCHED_CASES = [
 
 def run_with_logits(spec, federation, device, monkeypatch, batched: bool) -> tuple[dict, list[list]]:
     """The run's record and every client's evaluated logits, round by round (captured at evaluation)."""
-    import gfl_bench.runner as runner
+    import gfl_bench.rounds as runner  # the engine, whose round loop calls `_evaluate`
     from gfl_bench.batched import BatchedTraining
 
     evaluate, predict, seen = runner._evaluate, BatchedTraining.predict, []
@@ -190,7 +190,7 @@ def test_row_normalized_adjacency_is_sage_mean_aggregation():
 def test_first_layer_is_each_clients_own_product_for_dense_and_sparse_features(tiny_federation, cpu, kept):
     """Dense features (tiny's, all 16 non-zero) go through one padded bmm, sparse ones (2 of 16 kept)
     through the block-diagonal sparse product; either way each client's first layer is its own X_m W_m."""
-    from gfl_bench.batched import BatchedGCNTraining
+    from gfl_bench.batched import BatchedTraining
     from gfl_bench.graph_ops import ConstantSparse
 
     spec = make_spec("fedavg", "tiny", "metis", 5, 0, rounds=1)
@@ -206,12 +206,14 @@ def test_first_layer_is_each_clients_own_product_for_dense_and_sparse_features(t
                 cid, graph, build_backbone(spec.params, setup.num_features, setup.num_classes), spec.params, setup
             )
         )
-    trainer = BatchedGCNTraining(clients)
-    assert isinstance(trainer.features, ConstantSparse) == (kept == 2)
-    weight = trainer.stacks["conv1.lin.weight"]  # [M, F, h]
-    product = trainer._first_layer(weight)
+    trainer = BatchedTraining(clients)
+    assert isinstance(trainer.graph.inputs, ConstantSparse) == (kept == 2)
+    assert trainer.input_major == {"conv1.lin.weight"}  # the one weight with F input columns, stored [M, F, h]
+    weight = trainer.in_client_layout(trainer.stacks)["conv1.lin.weight"]  # [M, h, F], as the clients hold it
+    assert weight.transpose(1, 2).is_contiguous()
+    product = trainer.graph.features(weight)
     for m, client in enumerate(clients):
-        torch.testing.assert_close(product[m, : client.graph.num_nodes], client.graph.x @ weight[m])
+        torch.testing.assert_close(product[m, : client.graph.num_nodes], client.graph.x @ weight[m].T)
         assert not product[m, client.graph.num_nodes :].any()  # padding rows stay zero
 
 

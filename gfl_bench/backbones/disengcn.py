@@ -163,7 +163,9 @@ class DisenGCN(Backbone):
 
     def factor_embeddings(self, graph: Data) -> Tensor:
         """The base output c after the L_b routing layers, per factor. [N, K, h]"""
-        z = self._activate(input_layer(graph, self.projection)).view(-1, self.factors, self.factor_dim)  # [N, K, h]
+        z = self._activate(input_layer(graph, self.projection.weight, self.projection.bias)).view(
+            -1, self.factors, self.factor_dim
+        )  # [N, K, h]
         return self._route(z, graph, self.base_layers)
 
     def embed(self, graph: Data) -> Tensor:

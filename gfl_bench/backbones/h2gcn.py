@@ -1,7 +1,20 @@
-"""H2GCN (K = 2), FedGMC's backbone, and its ego-activation variants."""
+r"""H2GCN with K = 2 rounds (Zhu et al., NeurIPS 2020), FedGMC's backbone, and its ego-activation variants.
+
+.. math::
+    r_0 = \sigma(X W_{ego}^\top), \qquad
+    r_1 = [A_1 r_0 \,\|\, A_2 r_0], \qquad
+    r_2 = [A_1 r_1 \,\|\, A_2 r_1], \qquad
+    \mathrm{logits} = \mathrm{dropout}([r_0 \,\|\, r_1 \,\|\, r_2])\, W_C^\top
+
+with the normalised 1-hop and strict 2-hop operators :math:`A_1, A_2` (`graph_ops.h2gcn_adjacencies`,
+attached as `hop1_adj`, `hop2_adj`; the 2-hop one dense where that is no larger). No bias, as in the
+official code. Shapes: X [N, F] → r_0 [N, h] → r_1 [N, 2h] → r_2 [N, 4h] → combined [N, 7h] → logits
+[N, C]; with a leading client axis M on the batched path.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -10,16 +23,13 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch_geometric.data import Data
 
-from gfl_bench.backbones.base import Backbone, input_layer, register_backbone
-from gfl_bench.dropout import dropout
-from gfl_bench.graph_ops import (
-    h2gcn_adjacencies,
-)
+from gfl_bench.backbones.base import GraphPass, StackedBackbone, register_backbone
+from gfl_bench.graph_ops import h2gcn_adjacencies
 
 
 @dataclass(frozen=True)
 class H2GCNRepresentations:
-    """H2GCN's intermediate representations, which FedGMC calibrates."""
+    """H2GCN's intermediate representations, which FedGMC calibrates; each `[N, ·]` (`[M, N, ·]` stacked)."""
 
     ego: Tensor  # r0 = σ(X W_ego), structure-free (σ = ReLU unless a variant says otherwise)
     hop1: Tensor  # normalised 1-hop aggregation of ego embeddings
@@ -27,15 +37,14 @@ class H2GCNRepresentations:
     combined: Tensor  # [r0 || r1 || r2], the classifier's input
 
 
-class H2GCN(Backbone):
-    """H2GCN with K=2 rounds (Zhu et al., NeurIPS 2020; official `M64-R-T1-G-V-T2-G-V-C1-C2-D0.5-MO`).
+class H2GCN(StackedBackbone):
+    """H2GCN with K=2 rounds (official `M64-R-T1-G-V-T2-G-V-C1-C2-D0.5-MO`); equation above.
 
-    Ego and neighbour embeddings are kept apart: r1 = [A1 r0 || A2 r0], r2 = [A1 r1 || A2 r1] with
-    the 1-hop and strict 2-hop operators A1, A2, and the classifier reads [r0 || r1 || r2]. Dense
-    layers have no bias, as in the official code. The ego activation is ReLU (the official `R`);
-    the registered variants `h2gcn-tanh` and `h2gcn-elu` swap it, because FedGMC's paper only says
-    "a non-linear activation" and ReLU's non-negative embeddings cannot reach its anchors
-    (docs/fedgmc.md, "Ego activation").
+    Ego and neighbour embeddings are kept apart, and the classifier reads [r0 || r1 || r2]. The ego
+    activation σ is ReLU (the official `R`); the registered variants `h2gcn-tanh` and `h2gcn-elu` swap
+    it, because FedGMC's paper only says "a non-linear activation" and ReLU's non-negative embeddings
+    cannot reach its anchors (docs/fedgmc.md, "Ego activation"). `network` returns the
+    representations beside the logits, which FedGMC's objective reads on both paths.
     """
 
     activation: ClassVar[str] = "relu"
@@ -50,20 +59,22 @@ class H2GCN(Backbone):
         if "hop1_adj" not in graph:
             graph.hop1_adj, graph.hop2_adj = h2gcn_adjacencies(graph.edge_index, graph.num_nodes)
 
+    def encode(self, p: Mapping[str, Tensor], g: GraphPass) -> H2GCNRepresentations:
+        ego = EGO_ACTIVATIONS[self.activation](g.features(p["ego.weight"]))
+        hop1, hop2 = g.propagate("hop1_adj", ego), g.propagate("hop2_adj", ego)
+        r1 = torch.cat([hop1, hop2], dim=-1)
+        r2 = torch.cat([g.propagate("hop1_adj", r1), g.propagate("hop2_adj", r1)], dim=-1)
+        return H2GCNRepresentations(ego, hop1, hop2, torch.cat([ego, r1, r2], dim=-1))
+
+    def network(self, p: Mapping[str, Tensor], g: GraphPass) -> tuple[Tensor, H2GCNRepresentations]:
+        reps = self.encode(p, g)
+        return g.linear(g.dropout(reps.combined), p["classifier.weight"]), reps
+
     def representations(self, graph: Data) -> H2GCNRepresentations:
-        ego = EGO_ACTIVATIONS[self.activation](input_layer(graph, self.ego))
-        hop1 = graph.hop1_adj @ ego
-        hop2 = graph.hop2_adj @ ego  # sparse or dense (graph_ops.dense_if_no_larger)
-        r1 = torch.cat([hop1, hop2], dim=1)
-        r2 = torch.cat([graph.hop1_adj @ r1, graph.hop2_adj @ r1], dim=1)
-        return H2GCNRepresentations(ego, hop1, hop2, torch.cat([ego, r1, r2], dim=1))
+        return self.encode(self.weights(), self.client_pass(graph))
 
     def embed(self, graph: Data) -> Tensor:
         return self.representations(graph).combined
-
-    def forward(self, graph: Data) -> Tensor:
-        h = dropout(self.embed(graph), self.dropout, self.training)
-        return self.classifier(h)
 
 
 EGO_ACTIVATIONS = {"relu": F.relu, "tanh": torch.tanh, "elu": F.elu}
