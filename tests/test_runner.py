@@ -178,7 +178,7 @@ def test_cuda_peak_memory_counts_the_runs_own_graphs_once(monkeypatch):
     is left out, its own input graphs are counted once, cached or not. torch's CUDA counters faked."""
     from torch_geometric.data import Data
 
-    from gfl_bench import runner
+    from gfl_bench import rounds
 
     counters = {"allocated": 0, "reserved": 0, "max_allocated": 0, "max_reserved": 0}
     for name, key in (
@@ -197,9 +197,9 @@ def test_cuda_peak_memory_counts_the_runs_own_graphs_once(monkeypatch):
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
     graphs = [Data(x=torch.zeros(10, 5), edge_index=torch.zeros(2, 6, dtype=torch.long))]
     own = 10 * 5 * 4 + 2 * 6 * 8
-    assert runner._bytes_of(graphs) == own
+    assert rounds._bytes_of(graphs) == own
     other_runs_cache = 1_000_000
     counters.update(allocated=other_runs_cache + own, reserved=2 * other_runs_cache + own)
-    memory = runner._DeviceMemory(torch.device("cuda"), graphs)
+    memory = rounds._DeviceMemory(torch.device("cuda"), graphs)
     counters.update(max_allocated=other_runs_cache + own + 5000, max_reserved=2 * other_runs_cache + own + 8192)
     assert memory.peaks() == {"peak_memory_bytes": own + 5000, "peak_reserved_bytes": own + 8192}
