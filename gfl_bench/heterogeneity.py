@@ -27,6 +27,8 @@ from torch_geometric.data import Data
 from torch_geometric.utils import homophily
 
 COLUMNS = ("nodes", "edges", "train_labels", "js", "homophily", "homophily_gap", "missing")
+# One partition in one row (`setting_summary`): what Table 3 and the report show beside a setting.
+SETTING_COLUMNS = ("js", "quantity_imbalance", "homophily", "client_homophily", "homophily_gap", "missing")
 
 
 def label_distribution(labels: torch.Tensor, num_classes: int) -> np.ndarray:
@@ -67,3 +69,19 @@ def quantity_imbalance(stats: pd.DataFrame) -> float:
 def summary(stats: pd.DataFrame) -> pd.DataFrame:
     """Mean, min and max of every column over the clients (NaN left out)."""
     return stats.agg(["mean", "min", "max"])
+
+
+def setting_summary(graph: Data, clients: list[Data]) -> dict[str, float]:
+    """A whole partition in one row, so that settings can be compared side by side: the client means of
+    `js`, `homophily` (as `client_homophily`), `homophily_gap` and `missing` (NaN left out), the quantity
+    imbalance, and the global graph's edge homophily (`homophily`), which the gap is measured from."""
+    stats = client_statistics(graph, clients)
+    means = stats.mean()
+    return {
+        "js": float(means["js"]),
+        "quantity_imbalance": quantity_imbalance(stats),
+        "homophily": edge_homophily(graph.edge_index, graph.y),
+        "client_homophily": float(means["homophily"]),
+        "homophily_gap": float(means["homophily_gap"]),
+        "missing": float(means["missing"]),
+    }

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch_geometric.data import Data
 
-from gfl_bench.heterogeneity import client_statistics, quantity_imbalance, summary
+from gfl_bench.heterogeneity import client_statistics, quantity_imbalance, setting_summary, summary
 from gfl_bench.partition import TEST, TRAIN, Partition, client_graphs
 
 
@@ -48,6 +48,26 @@ def test_statistics_by_hand(path_graph):
     table = summary(stats)
     assert table.loc["mean", "nodes"] == 3 and table.loc["min", "js"] == pytest.approx(min(js_a, js_b))
     assert table.loc["max", "missing"] == pytest.approx(1 / 3)
+
+
+def test_a_setting_in_one_row_is_the_client_means_by_hand(path_graph):
+    graph, clients = path_graph
+    row = setting_summary(graph, clients)
+    js_a = 0.5 * (0.75 * _log2(0.75 / 0.625) + 0.25 * _log2(0.25 / 0.375)) + 0.5 * (
+        0.5 * _log2(0.5 / 0.625) + 0.5 * _log2(0.5 / 0.375))  # fmt: skip
+    js_b = 0.5 * (1.0 * _log2(1.0 / 0.75)) + 0.5 * (0.5 * _log2(0.5 / 0.25) + 0.5 * _log2(0.5 / 0.75))
+    assert row["js"] == pytest.approx((js_a + js_b) / 2)
+    assert row["homophily"] == pytest.approx(0.8)  # the global graph's, which the gaps are measured from
+    assert row["client_homophily"] == pytest.approx((2 / 3 + 1) / 2)
+    assert row["homophily_gap"] == pytest.approx(((2 / 3 - 0.8) + 0.2) / 2)
+    assert row["missing"] == pytest.approx((1 / 7 + 1 / 3) / 2) and row["quantity_imbalance"] == pytest.approx(1 / 3)
+
+
+def test_a_client_without_edges_is_left_out_of_the_homophily_means(path_graph):
+    graph, _ = path_graph
+    parts = (torch.tensor([0, 1, 2, 3]), torch.tensor([5]))  # client B: one node, no edge
+    row = setting_summary(graph, client_graphs(graph, Partition("hand", 0, torch.zeros(6, dtype=torch.int8), parts)))
+    assert row["client_homophily"] == pytest.approx(2 / 3) and row["homophily_gap"] == pytest.approx(2 / 3 - 0.8)
 
 
 def test_one_client_holding_everything_is_not_heterogeneous(path_graph):

@@ -85,6 +85,30 @@ def test_the_site_shows_the_stores_cells_with_marks_provenance_and_figures(site,
     assert set(marker["files"]) == set(_files(site)) - {MARKER}
 
 
+def test_the_partitions_section_shows_each_partitions_heterogeneity(site):
+    """One row per partition the runs trained on, with the numbers `gflbench partitions` computes for it."""
+    from gfl_bench.datasets import default_data_dir
+    from gfl_bench.heterogeneity import setting_summary
+    from gfl_bench.partition import DEFAULT_DATA_SEED
+    from gfl_bench.runner import DataCache
+
+    section = re.search(r'<section id="partitions">(.*?)</section>', (site / "index.html").read_text(), re.S)
+    assert section
+    cache = DataCache(default_data_dir(), default_data_dir() / "partitions")
+    for clients in (5, 10):
+        data = cache.federated("tiny", "metis", clients, DEFAULT_DATA_SEED)
+        row = setting_summary(cache.graph("tiny"), data.graphs)
+        cells = "".join(
+            f"<td>{row[name]:{'+.3f' if name == 'homophily_gap' else '.3f'}}</td>"
+            for name in ("js", "quantity_imbalance", "homophily", "client_homophily", "homophily_gap", "missing")
+        )
+        expected = (
+            f"<td>{clients}</td><td>{DEFAULT_DATA_SEED}</td><td><code>{data.partition.digest()}</code></td>{cells}"
+        )
+        assert expected in section.group(1)
+    assert section.group(1).count("<tr><td>") == 2  # the two partitions, each once though three methods used it
+
+
 def test_same_records_give_the_same_bytes_except_the_stamp(site, store, tmp_path):
     again = tmp_path / "again"
     assert _cli("report", "--store", str(store), "--rounds", "3", "--seeds", "3", "--out", str(again),

@@ -3,7 +3,9 @@
 The site is one `index.html` with its assets (a style sheet, a small script, SVG figures) in one folder:
 it needs no network to be read, and it is a pure function of the run records, the package's data (the
 paper's numbers, the preset files, the tuned files) and the options, so the same records give the same
-bytes. The one exception is the build stamp (`SOURCE_DATE_EPOCH` pins it, as in reproducible builds).
+bytes. The exceptions: the build stamp (`SOURCE_DATE_EPOCH` pins it, as in reproducible builds), and
+the partitions section, which recomputes each shown partition's heterogeneity from the datasets where
+they are present here (and says where they are not), checked against the partition hash the runs stored.
 
 Nothing here computes a statistic or a table of its own: the tables are `gfl_bench.tables`' blocks with
 `gfl_bench.significance`'s marks, the critical-difference diagram is `plots.ranks` on
@@ -42,6 +44,7 @@ from gfl_bench.datasets import dataset_spec
 from gfl_bench.errors import UserError
 from gfl_bench.method import all_methods, method_class
 from gfl_bench.paper import SOURCES
+from gfl_bench.partition import scheme_title
 from gfl_bench.presets import PresetRow, read_preset
 from gfl_bench.protocol import DEFAULT_PROTOCOL, PROTOCOLS, read_tuned, tuned_dir, tuned_file
 from gfl_bench.significance import BEST, FEW, PairedTest
@@ -215,6 +218,7 @@ def _render(staging: Site, protocols: Sequence[str], when: datetime.datetime, ru
         "other": staging.other_configurations(shown),
         "reproducibility": staging.reproducibility(shown),
         "grid": staging.grid_cost(),
+        "partitions": staging.partitions(shown),
         "not_built": NOT_BUILT,
         "sources": SOURCES,
         "harness": HARNESS_VERSION,
@@ -246,7 +250,8 @@ def _metric(dataset: str) -> str:
 
 
 def _scheme_words(scheme: str) -> str:
-    return "non-overlapping (METIS)" if scheme == "metis" else "overlapping"
+    """The paper's words for its two schemes; a new scheme (louvain, dirichlet-α, a split file) by its title."""
+    return "non-overlapping (METIS)" if scheme == "metis" else scheme_title(scheme)
 
 
 class Site:
@@ -773,6 +778,38 @@ class Site:
         devices = sorted(set(measured["device"].astype(str).str.split(":").str[0])) if len(measured) else []
         return {"rows": rows, "seeds": GRID_SEEDS, "measured_devices": ", ".join(devices) or "none",
                 "gpu": "cuda" in devices, "whole": whole_grid_cost(keyed, every)}  # fmt: skip
+
+    def partitions(self, shown: set[str]) -> list[dict[str, Any]]:
+        """Every partition the shown runs trained on, with its heterogeneity (`heterogeneity.setting_summary`).
+        Records hold no node assignment, so it is remade from the data (cached as `gflbench run` caches it) and
+        shown only when its hash is the runs'; where the data is absent here, or the remade partition differs,
+        the row says so instead of showing numbers that may not be the runs' partition."""
+        from gfl_bench import heterogeneity
+        from gfl_bench.datasets import default_data_dir
+        from gfl_bench.runner import DataCache
+
+        settings = sorted({(r["dataset"], r["scheme"], int(r["clients"]), int(r["data_seed"]), r.get("partition_hash"))
+                           for r in self.records(sorted(shown))})  # fmt: skip
+        root = default_data_dir()
+        cache = DataCache(root, root / "partitions")
+        rows = []
+        for dataset, scheme, clients, data_seed, digest in settings:
+            row: dict[str, Any] = {"dataset": dataset_spec(dataset).title, "scheme": _scheme_words(scheme),
+                                   "clients": clients, "data_seed": data_seed, "hash": digest or "not stored", "absent": ""}  # fmt: skip
+            try:
+                data = cache.federated(dataset, scheme, clients, data_seed)
+            except (UserError, OSError) as error:  # the dataset is not on this machine (no download here)
+                rows.append({**row, "absent": f"not recomputed: {error}"})
+                continue
+            if digest is not None and data.partition.digest() != digest:
+                rows.append(
+                    {**row, "absent": f"the partition remade here has hash {data.partition.digest()}, not the runs'"}
+                )
+                continue
+            summary = heterogeneity.setting_summary(cache.graph(dataset), data.graphs)
+            rows.append({**row, **{name: f"{value:+.3f}" if name == "homophily_gap" else f"{value:.3f}"
+                                   for name, value in summary.items()}})  # fmt: skip
+        return rows
 
     def reproducibility(self, shown: set[str]) -> dict[str, Any]:
         records = self.records(sorted(shown))
