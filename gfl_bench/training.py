@@ -80,8 +80,8 @@ class TrainingClient(Client):
     def loss(self) -> Tensor:
         """One local step's objective on the per-client path: `objective` on one forward pass, plus the
         penalty. The batched executor never calls it (it slices one batched forward per client), so an
-        override makes the method run per client unless it only feeds `objective` (then overrides it too)."""
-        return self.penalised(self.objective(*self.model.outputs(self.graph)))
+        override makes the method run per client: a term of the forward's outputs belongs in `objective`."""
+        return self._penalised(self.objective(*self.model.outputs(self.graph)))
 
     def objective(self, logits: Tensor, representations: Any = None) -> Tensor:
         """The data term of one local step given this client's logits: cross-entropy on its training nodes.
@@ -106,7 +106,7 @@ class TrainingClient(Client):
         gradient must be its own term's. It sees no client object: what it reads is `reference`."""
         return None
 
-    def penalised(self, loss: Tensor) -> Tensor:
+    def _penalised(self, loss: Tensor) -> Tensor:
         """`loss` plus this client's `penalty`, on its parameters and `reference` as one-client stacks."""
         parameters = {name: parameter[None] for name, parameter in self.model.named_parameters()}
         penalty = self.penalty(self.params, parameters, {name: ref[None] for name, ref in self.reference.items()})
@@ -136,8 +136,8 @@ class TrainingClient(Client):
     def _batches(cls) -> bool:
         """Whether the batched executor computes this client's local step: it calls `receive`, `objective`,
         `penalty`, `group_step` and `upload`, and scores one batched forward, so every other step hook must
-        be TrainingClient's own (`train_local`, `predict`), `fit` be declared equal to those steps in some
-        stages (`trains_locally`), and `loss` only feed `objective` (overridden with it)."""
+        be TrainingClient's own (`loss`, `train_local`, `predict`), and `fit` be declared equal to those
+        steps in the stages where it is (`trains_locally`)."""
 
         def own(hook: str) -> bool:
             return getattr(cls, hook) is not getattr(TrainingClient, hook)
@@ -146,7 +146,7 @@ class TrainingClient(Client):
             not own("train_local")
             and not own("predict")
             and (not own("fit") or own("trains_locally"))
-            and (not own("loss") or own("objective"))
+            and not own("loss")
         )
 
 

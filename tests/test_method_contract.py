@@ -58,7 +58,7 @@ def test_squared_distance_is_autograds_bit_for_bit():
 
 def test_batchability_is_derived_from_the_hooks_a_client_overrides():
     """The batched executor calls receive, objective, penalty, group_step and upload; a client that
-    replaces the step itself (fit without trains_locally, loss without objective, train_local) cannot batch."""
+    replaces the step itself (fit without trains_locally, loss, train_local, predict) cannot batch."""
 
     class Plain(TrainingClient):
         def receive(self, rnd, message):
@@ -76,10 +76,6 @@ def test_batchability_is_derived_from_the_hooks_a_client_overrides():
         def loss(self):
             return torch.zeros(())
 
-    class OwnLossFeedingObjective(OwnLoss):
-        def objective(self, logits, representations=None):
-            return logits.sum()
-
     class OwnTraining(TrainingClient):
         def train_local(self):
             pass
@@ -90,11 +86,11 @@ def test_batchability_is_derived_from_the_hooks_a_client_overrides():
 
     verdicts = {
         kind.__name__: kind._batches()
-        for kind in (Plain, OwnFit, OwnFitSomeStages, OwnLoss, OwnLossFeedingObjective, OwnTraining, OwnPrediction)
+        for kind in (Plain, OwnFit, OwnFitSomeStages, OwnLoss, OwnTraining, OwnPrediction)
     }
     assert verdicts == {
-        "Plain": True, "OwnFit": False, "OwnFitSomeStages": True, "OwnLoss": False,
-        "OwnLossFeedingObjective": True, "OwnTraining": False, "OwnPrediction": False,
+        "Plain": True, "OwnFit": False, "OwnFitSomeStages": True, "OwnLoss": False, "OwnTraining": False,
+        "OwnPrediction": False,
     }  # fmt: skip
 
     def registered(client: type) -> type[Method]:
