@@ -330,6 +330,7 @@ def run(
     snapshot_dir: Annotated[Path, typer.Option(help="Folder for snapshots.")] = Path("results") / "snapshots",
 ) -> None:
     """Train methods on datasets over the paper's partitions and seeds; store every finished run."""
+    from gfl_bench import planning
     from gfl_bench.execute import Environment
     from gfl_bench.partition import DEFAULT_DATA_SEED, check_clients, default_clients, scheme_label
     from gfl_bench.spec import make_spec
@@ -346,7 +347,7 @@ def run(
         counts = parse_ints(clients, "client counts") if clients else list(default_clients(partition))
     if seeds < 1:
         raise UserError(f"--seeds must be at least 1, got {seeds}")
-    overrides = _selected_overrides(set_, methods, selection)
+    overrides = planning.selected_overrides(set_ or [], methods, selection)
     snapshots = frozenset(parse_ints(snapshot_rounds, "snapshot rounds")) if snapshot_rounds else frozenset()
     for m in counts:
         check_clients(partition, m)
@@ -356,7 +357,7 @@ def run(
     ]  # fmt: skip
     if stack_seeds < 1:
         raise UserError(f"--stack-seeds must be at least 1, got {stack_seeds}")
-    _check_snapshot_rounds(snapshots, specs)
+    planning.check_snapshot_rounds(snapshots, specs)
     env = Environment(
         device, data_dir or default_data_dir(), threads, snapshots, snapshot_dir, batched, sparse_features, stack_seeds
     )
@@ -411,6 +412,7 @@ def sweep(
     retry_failed: RetryOption = False,
 ) -> None:
     """Run every run a paper table (or an explicit grid) needs that the store lacks, and nothing else."""
+    from gfl_bench import planning
     from gfl_bench.execute import Environment
     from gfl_bench.method import all_methods
     from gfl_bench.partition import default_clients, scheme_label
@@ -426,25 +428,15 @@ def sweep(
     if table_ is not None:
         # "all": every run the paper's tables and sensitivity figures need, each once
         chosen_tables = (*SWEEP_TABLES, "sensitivity") if table_ == "all" else (table_,)
-        specs = [
-            s
-            for t in chosen_tables
-            for s in _table_specs(
-                t,
-                registered,
-                method,
-                dataset,
-                seeds,
-                set_,
-                rounds,
-                local_epochs,
-                protocol,
-                tuned_dir,
-                selection,
-                part_of_all=table_ == "all",
-            )
-        ]
-        specs = list({s.run_key: s for s in specs}.values())  # fmt: skip
+        methods = split_list(method, "methods") if method else None
+        datasets = split_list(dataset, "datasets") if dataset else None
+        planned = [planning.table_specs(t, registered, methods, datasets, seeds, set_ or [], selection, rounds,
+                                        local_epochs, protocol, tuned_dir, part_of_all=table_ == "all")
+                   for t in chosen_tables]  # fmt: skip
+        skipped = sorted({m for _, lacking in planned for m in lacking})
+        if skipped:
+            console.print(f"not implemented yet, skipped: {', '.join(skipped)}")
+        specs = list({s.run_key: s for table_specs, _ in planned for s in table_specs}.values())
     else:
         if method is None or dataset is None:
             raise UserError("give --table N, or an explicit grid with --method and --datasets")
@@ -456,9 +448,7 @@ def sweep(
             counts = parse_ints(clients, "client counts") if clients else list(default_clients(partition))
         grid = Grid(tuple(split_list(method, "methods")), tuple(split_list(dataset, "datasets")),
                     tuple((partition, c) for c in counts))  # fmt: skip
-        specs = _grid_specs_checked(
-            grid, None, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned_dir, selection
-        )
+        specs = planning.grid_run_specs(grid, seeds, set_ or [], selection, rounds, local_epochs, protocol, tuned_dir)
     if stack_seeds < 1:
         raise UserError(f"--stack-seeds must be at least 1, got {stack_seeds}")
     env = Environment(device, data_dir or default_data_dir(), threads, batched=batched, sparse_features=sparse_features,
@@ -472,9 +462,9 @@ def sweep(
         if Path(store).exists():
             with RunStore(store) as runs:
                 todo = pending(specs, runs, False, retry_failed)
-                plan = estimate(todo, runs.frame(), device=_planned_device(env.device))
+                plan = estimate(todo, runs.frame(), device=planning.planned_device(env.device))
         else:  # a dry run writes nothing, not even an empty store
-            todo, plan = specs, estimate(specs, pd.DataFrame(), device=_planned_device(env.device))
+            todo, plan = specs, estimate(specs, pd.DataFrame(), device=planning.planned_device(env.device))
         known = plan["est. seconds"].dropna()
         plan["est. seconds"] = plan["est. seconds"].map(lambda v: "?" if v != v else f"{v:.0f}")
         sys.stdout.write(plan.to_markdown(index=False) + "\n" if len(plan) else "")
@@ -536,92 +526,10 @@ def _packed_workers(todo: list[RunSpec], device: str) -> int:
     return workers
 
 
-def _planned_device(device: str) -> str | None:
-    """The device type a dry run plans for (None for auto: any measured row will do)."""
-    return None if device == "auto" else device.split(":")[0]
-
-
-def _table_specs(
-    table_,
-    registered,
-    method,
-    dataset,
-    seeds,
-    set_,
-    rounds,
-    local_epochs,
-    protocol,
-    tuned,
-    selection,
-    part_of_all=False,
-) -> list[RunSpec]:
-    """The runs one paper table (or the sensitivity figures) needs, restricted to --method / --datasets."""
-    from gfl_bench.sweep import table_grid
-
-    if table_ != "sensitivity":
-        return _grid_specs_checked(table_grid(table_, registered), table_, method, dataset, seeds, set_, rounds,
-                                   local_epochs, protocol, tuned, selection)  # fmt: skip
-    from gfl_bench.plots import SENSITIVITY_DATASETS, sensitivity_specs
-
-    if method and "fedgmc" not in split_list(method, "methods"):
-        return []  # the figures vary FedGMC's parameters only
-    chosen = split_list(dataset, "datasets") if dataset else list(SENSITIVITY_DATASETS)
-    for d in chosen:
-        dataset_spec(d)
-    if part_of_all:  # `--table all -d X`: X's sensitivity runs only where the paper has that figure
-        chosen = [d for d in chosen if d in SENSITIVITY_DATASETS]
-    return [s for d in chosen for s in sensitivity_specs(d, "metis", 10, seeds, rounds)]
-
-
-def _grid_specs_checked(
-    grid, table_, method, dataset, seeds, set_, rounds, local_epochs, protocol, tuned, selection
-) -> list[RunSpec]:
-    """Restrict a grid to the chosen methods and datasets, check it, and expand it into specs."""
-    from gfl_bench.partition import check_clients
-    from gfl_bench.sweep import Grid, grid_specs
-
-    if table_ is not None and method:
-        keep = split_list(method, "methods")
-        grid = Grid(tuple(m for m in grid.methods if m in keep), grid.datasets, grid.settings, grid.skipped)
-    if table_ is not None and dataset:
-        keep = split_list(dataset, "datasets")
-        for d in keep:
-            dataset_spec(d)
-        grid = Grid(grid.methods, tuple(d for d in grid.datasets if d in keep), grid.settings, grid.skipped)
-    if seeds < 1:
-        raise UserError(f"--seeds must be at least 1, got {seeds}")
-    for scheme, m in grid.settings:
-        check_clients(scheme, m)
-    if grid.skipped:
-        console.print(f"not implemented yet, skipped: {', '.join(grid.skipped)}")
-    return grid_specs(grid, seeds, _selected_overrides(set_, list(grid.methods), selection), rounds, local_epochs,
-                      protocol, tuned)  # fmt: skip
-
-
-def _check_snapshot_rounds(snapshots: frozenset[int], specs: list[RunSpec]) -> None:
-    """A snapshot round a run never reaches would be asked for again on every rerun, and never written."""
-    for spec in specs:
-        beyond = sorted(r for r in snapshots if not 0 <= r < spec.rounds)
-        if beyond:
-            raise UserError(f"--snapshot-rounds {','.join(map(str, beyond))}: {spec.method} on {spec.dataset} runs rounds "
-                            f"0..{spec.rounds - 1}; give rounds inside that range")  # fmt: skip
-
-
 def _check_rule(selection: str) -> None:
     from gfl_bench import tables
 
     tables.check_rule(selection)
-
-
-def _selected_overrides(set_: list[str] | None, methods: list[str], selection: str) -> dict[str, dict[str, str]]:
-    """`--set` per method, plus what `--selection` switches on inside a method (tables.rule_overrides), so a
-    run and a table with the same rule meet the same runs."""
-    from gfl_bench import tables
-    from gfl_bench.spec import parse_overrides
-
-    return {
-        m: tables.rule_overrides(m, selection, values) for m, values in parse_overrides(set_ or [], methods).items()
-    }
 
 
 def _run_grid(
@@ -878,7 +786,7 @@ def table(
 
     In Tables 1, 2, 4, 5 and custom tables, each dataset column marks its best mean and the methods not
     significantly worse than it (docs/protocol.md, "Statistics")."""
-    from gfl_bench import tables
+    from gfl_bench import planning, tables
     from gfl_bench.method import all_methods
     from gfl_bench.partition import scheme_label
     from gfl_bench.significance import PairedTest
@@ -950,7 +858,10 @@ def table(
         if frame is None or not len(frame):
             raise UserError("no stored runs match the tables' cells")
         stored = sorted(p for p in frame["protocol"].dropna().unique())
-        nearest = _nearest_configurations(store, frame, rows or list(frame["method"].unique()), sel, number)
+        candidates = frame[frame["method"].isin(rows)] if rows else frame
+        with RunStore(store) as runs:  # one record per stored configuration
+            records = runs.records(list(candidates.drop_duplicates("config_key")["run_key"]))
+        nearest = planning.nearest_configurations(records, sel.spec_of, store, number)
         raise UserError(
             f"no stored runs match the tables' cells under protocol {protocol} (the store has runs of protocol "
             f"{', '.join(stored) or 'none'}); nearest stored configurations: {nearest}"
@@ -968,35 +879,6 @@ def table(
         sys.stdout.write("\n".join(rendered))
     if out is not None:
         console.print(f"wrote {out}")
-
-
-def _nearest_configurations(store: Path, frame, methods: list[str], sel, number: str | None, shown: int = 3) -> str:
-    """The stored configurations closest to what the table asked for: the keys that differ, and the command for each."""
-    candidates = frame[frame["method"].isin(methods)] if methods else frame
-    firsts = candidates.drop_duplicates("config_key")
-    with RunStore(store) as runs:
-        records = runs.records(list(firsts["run_key"]))
-    found = []
-    for record in records:
-        spec = sel.spec_of(record["method"], record["dataset"], record["scheme"], record["clients"])
-        wanted = spec.config() if spec is not None else {"params": {}}
-        have = record["config"]
-        differ = {k: v for k, v in have["params"].items() if wanted["params"].get(k) != v}
-        for key in ("protocol", "rounds", "local_epochs"):
-            if wanted.get(key) != have.get(key):
-                differ[key] = have.get(key)
-        args = [f"gflbench table {number or ''}".rstrip(), f"-d {record['dataset']}", f"--store {store}"]
-        if have.get("protocol") not in (None, DEFAULT_PROTOCOL):
-            args.append(f"--protocol {have['protocol']}")
-        for key in ("rounds", "local_epochs"):
-            if key in differ:
-                args.append(f"--{key.replace('_', '-')} {differ[key]}")
-        args += [f"--set {record['method']}.{k}={v}" for k, v in differ.items() if k in have["params"]]
-        where = f"{record['method']} {record['dataset']} {record['scheme']}-{record['clients']}"
-        text = ", ".join(f"{k}={v}" for k, v in differ.items()) or "same configuration, other cells"
-        found.append((len(differ), f"{where} with {text}: `{' '.join(args)}`"))
-    found.sort(key=lambda item: item[0])
-    return "; ".join(text for _, text in found[:shown]) or "none"
 
 
 def _table_numbers(number: str | None) -> list[int]:
@@ -1558,19 +1440,24 @@ def methods(
     clients: Annotated[int, typer.Option(help="Client count of that setting.")] = 10,
     tuned_dir: TunedOption = None,
 ) -> None:
-    """The registered methods with the backbone and hyperparameters a protocol resolves, and what `tune` searches."""
+    """The registered methods with the backbone and hyperparameters a protocol resolves, and what `tune` searches.
+
+    Switches are listed apart from the hyperparameters (gfl_bench/switches.py): fidelity switches choose a
+    reading of the method's source (paper or released code, an interpretation), execution switches the
+    arithmetic of the same math; `--set method.name=value` sets either."""
     from gfl_bench import tables
     from gfl_bench.execute import per_client_fallbacks
     from gfl_bench.method import all_methods
     from gfl_bench.partition import check_clients
     from gfl_bench.protocol import MissingTuning
     from gfl_bench.spec import make_spec
+    from gfl_bench.switches import EXECUTION, FIDELITY, switches
 
     check_protocol(protocol)
     dataset_spec(dataset)
     check_clients(partition, clients)
     registered = all_methods()
-    t = Table("name", "paper row", "backbone", "batched", "shares", "resolved values", "tune searches",
+    t = Table("name", "paper row", "backbone", "batched", "shares", "resolved values", "switches", "tune searches",
               title=f"Methods under protocol {protocol} ({PROTOCOLS[protocol]}), resolved for {dataset} {partition}-{clients}")  # fmt: skip
     for name in tables.method_order(list(registered)):
         cls = registered[name]
@@ -1578,15 +1465,17 @@ def methods(
             spec = make_spec(name, dataset, partition, clients, 0, None, protocol=protocol, tuned=tuned_dir)
         except MissingTuning:
             t.add_row(name, cls.title, "", "yes" if cls.batchable else "no", cls.summary,
-                      "not tuned yet: gflbench tune -m " + name, "")  # fmt: skip
+                      "not tuned yet: gflbench tune -m " + name, "", "")  # fmt: skip
             continue
         values = dataclasses.asdict(spec.params)
         backbone = values.pop("backbone")
+        kinds = {kind: [n for n in switches(cls.Params, kind) if n != "backbone"] for kind in (FIDELITY, EXECUTION)}
+        shown = " ".join(f"{k}={v}" for k, v in values.items() if not any(k in names for names in kinds.values()))
+        toggles = "; ".join(f"{kind}: " + " ".join(f"{k}={values[k]}" for k in names)
+                            for kind, names in kinds.items() if names)  # fmt: skip
         space = " ".join(f"{k}∈{s.describe()}" for k, s in cls.Params.search_space.items())
         batched = "no" if per_client_fallbacks([spec]) else "yes"  # `--batched` / `--stack-seeds` batch it
-        t.add_row(
-            name, cls.title, backbone, batched, cls.summary, " ".join(f"{k}={v}" for k, v in values.items()), space
-        )
+        t.add_row(name, cls.title, backbone, batched, cls.summary, shown, toggles, space)
     _show(t)
 
 

@@ -108,6 +108,7 @@ from gfl_bench.method import (
     unit_interval,
 )
 from gfl_bench.metrics import accuracy, roc_auc
+from gfl_bench.switches import fidelity_switch
 
 WEIGHTINGS = ("nodes", "train", "uniform")
 FUSIONS = ("branch", "mix")
@@ -155,11 +156,11 @@ class AdaFGLParams(FedAvgParams):
     stage2_hidden: int = 64  # width of the stage-2 MLPs (official `hidden_dim`)
     stage2_lr: float = 1e-2  # stage-2 Adam (official `lr`, OpenFGL `adafgl_lr`; searched log [1e-3, 1e-1])
     stage2_weight_decay: float = 5e-4  # (official `weight_decay`, OpenFGL `adafgl_weight_decay`)
-    fusion: str = "branch"  # "branch": the HCS test picks one branch (official); "mix": HCS-weighted both (OpenFGL)
+    fusion: str = fidelity_switch("branch", "branch: HCS picks one branch (official); mix: HCS-weighted (OpenFGL)")
     # True: each client predicts with its own best-validation stage-2 epoch (the official per-client best
     # epoch, a selection inside the method); False: with its latest epoch, and the harness's rule of the
     # table selects the round, as for every other method. Runs stored before the switch existed had it on.
-    keep_best_epoch: bool = False
+    keep_best_epoch: bool = fidelity_switch(False, "True: each client's best epoch (official); False: the table's rule")
 
     def __post_init__(self) -> None:
         if self.weighting not in WEIGHTINGS:

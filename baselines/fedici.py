@@ -73,6 +73,7 @@ from gfl_bench.method import (
     positive,
     unit_interval,
 )  # fmt: skip
+from gfl_bench.switches import fidelity_switch
 from gfl_bench.training import TrainingClient
 
 GRAPH_RULES = ("paper", "code")
@@ -109,7 +110,8 @@ class FedICIParams(MethodParams):
         "alpha": non_negative(), "beta": non_negative(), "gamma": positive(), "graph_rounds": at_least(0),
     }  # fmt: skip
 
-    backbone: str = "unifilter"  # UniFilter "GFK" with per-level, per-feature weights; "unifilter-code": official bases
+    # UniFilter "GFK" with per-level, per-feature weights
+    backbone: str = fidelity_switch("unifilter", "unifilter: UniFilter's Algorithm 1; unifilter-code: official bases")
     hidden: int = 256  # official default n_latentdims (per dataset 32-1024)
     lr: float = 0.15  # lr1, the MLP's Adam lr; official default (per dataset 0.006-0.4)
     weight_decay: float = 5e-4  # wd1, the MLP's; official default (per dataset 5e-7-5e-3)
@@ -127,7 +129,7 @@ class FedICIParams(MethodParams):
     beta: float = 1.2  # β = matrix_beta, weight of homophily-subspace similarity (rewarded); official default (1.2-2.5)
     gamma: float = 1.0  # γ, the ‖w‖² regulariser of the graph learning; official default (per dataset 1-50)
     graph_rounds: int = 15  # rounds in which subspaces are sent and the client graphs learnt (official `round < 15`)
-    graph_rule: str = "paper"  # "paper": the math of the docstring; "code": the official Update_W (see docstring)
+    graph_rule: str = fidelity_switch("paper", "paper: the math of the module docstring; code: the official Update_W")
 
     def __post_init__(self) -> None:
         if not issubclass(backbone_class(self.backbone), UniFilter):

@@ -77,7 +77,7 @@ from gfl_bench.method import (
     log_range,
     positive,
 )  # fmt: skip
-from gfl_bench.switches import execution_switch
+from gfl_bench.switches import execution_switch, fidelity_switch
 from gfl_bench.training import TrainingClient
 
 
@@ -119,7 +119,7 @@ class FedIIHParams(MethodParams):
     prior_var_alpha: float = 1.0  # σ²_α, variance of p(α_k); appendix I.6, code `log_normal`; not searched
     # True (default): the paper's objective, the ELBO trains the projection W^{1:K}, b^{1:K} (Alg. 1 line 12).
     # False: the released code, whose ELBO optimiser holds only α̂ (the encoder is trained by CE alone).
-    elbo_trains_encoder: bool = True
+    elbo_trains_encoder: bool = fidelity_switch(True, "True: the paper's Alg. 1; False: the released code's optimiser")
     # ours: sampled pairs per edge for the reconstruction's non-edge term (the code: all N² pairs); not searched
     negative_ratio: float = 1.0
     # The routing's arithmetic (gfl_bench.backbones.neighbourhood_routing): "gather" (edge gathers) or

@@ -59,6 +59,7 @@ from gfl_bench.method import (
     non_negative,
     positive,
 )
+from gfl_bench.switches import fidelity_switch
 from gfl_bench.training import TrainingClient
 
 SHARES = ("all", "backbone", "none")
@@ -83,17 +84,19 @@ class FedGMCParams(MethodParams):
     }  # fmt: skip
 
     backbone: str = FEDGMC_BACKBONE  # H2GCN (paper B.6) with σ = tanh for the ego embeddings (docs/fedgmc.md, item 18)
-    share: str = "backbone"  # weights averaged besides the manifolds: "all", "backbone" (head local), "none"
+    # weights averaged besides the manifolds; the paper does not say (docs/fedgmc.md, item 16)
+    share: str = fidelity_switch("backbone", "all / backbone (head local) / none")
     lr: float = 0.05  # chosen by validation over {0.01, 0.05} (docs/fedgmc.md)
     Q: int = 10  # global structural templates
     B: int = 64  # nodes sampled per client and round for its local structural manifold
     tau: float = 1.0  # temperature of the anchors' difficulty weights γ = softmax(L̄ / tau)
     eta: float = 0.1  # largest step of one anchor per refinement
     sinkhorn_reg: float = 0.1  # entropic regularisation of the Sinkhorn assignment F (not given in the paper)
-    sinkhorn_relative: bool = True  # sinkhorn_reg relative to the spread of the costs (else absolute)
+    sinkhorn_relative: bool = fidelity_switch(True, "True: sinkhorn_reg relative to the costs' spread; False: absolute")
     sinkhorn_marginal: float = 0.0  # KL weight on the marginals: 0 = balanced Sinkhorn, > 0 = unbalanced (POT)
-    renormalize_templates: bool = False  # project refined template rows back onto the unit sphere
-    combine: str = "sum"  # r² from Eq. 5: "sum" of the 1-hop and 2-hop aggregations, or "ring" (2-hop only)
+    # project refined template rows back onto the unit sphere
+    renormalize_templates: bool = fidelity_switch(False, "False: Eq. 9's barycentre as written; True: projected")
+    combine: str = fidelity_switch("sum", "r² of Eq. 5 — sum: 1-hop + 2-hop aggregations; ring: the strict 2-hop alone")
     semantic_weight: float = 1.0  # weight of Eq. 3 in Eq. 74
     structural_weight: float = 1.0  # weight of Eq. 7 in Eq. 74
     semantic: bool = True  # semantic manifold calibration (off: Table 6 "w/o Semantic")

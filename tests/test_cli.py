@@ -313,3 +313,17 @@ def test_methods_in_a_narrow_terminal_wraps_instead_of_cutting(env, monkeypatch)
     assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
     names = "".join(line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│"))
     assert "fedgmc-wo-structural" in names  # the first column, read down: every name whole, if wrapped
+
+
+def test_methods_lists_fidelity_and_execution_switches_apart_from_the_hyperparameters(env):
+    """gfl_bench/switches.py: FedICI's readings (paper preset: the released code's), FedIIH's ELBO reading and
+    routing kernel are in their own column, not among the resolved values; FedAvg declares none."""
+    result = CliRunner().invoke(app, ["methods"])
+    assert result.exit_code == 0, result.output
+    rows = {cells[0]: cells for line in result.output.splitlines() if line.startswith("│")
+            for cells in [[c.strip() for c in line.strip("│").split("│")]]}  # fmt: skip
+    assert rows["fedici"][2] == "unifilter-code" and rows["fedici"][6] == "fidelity: graph_rule=code"
+    assert rows["fediih"][6] == "fidelity: elbo_trains_encoder=True; execution: routing_kernel=gather"
+    assert rows["fedavg"][6] == "" and "weighting=uniform" in rows["fedavg"][5]
+    assert not [word for word in rows["fedici"][5].split() + rows["fediih"][5].split()
+                if word.split("=")[0] in ("graph_rule", "elbo_trains_encoder", "routing_kernel", "backbone")]  # fmt: skip
