@@ -75,6 +75,27 @@ def keyed_params(params: MethodParams) -> dict[str, Any]:
     }
 
 
+def spec_of_record(record: Mapping[str, Any]) -> RunSpec:
+    """The spec a stored record was computed from: its configuration's values, and a field the record predates
+    at the value its run had (`added_after_runs`; any other field it lacks was not there, and has its default).
+
+    Its run key is the record's: tests/test_spec_keys.py holds every committed record to that, so a change to
+    how keys are computed that would orphan stored runs fails there. A record of another harness version, or
+    of a method or field this package lacks, is a UserError."""
+    config = record["config"]
+    if config.get("harness") != HARNESS_VERSION:
+        raise UserError(f"run {record['run_key']} was computed by harness version {config.get('harness')}, "
+                        f"this one is {HARNESS_VERSION}")  # fmt: skip
+    method_cls = method_class(record["method"])
+    values = {**method_cls.Params.added_after_runs, **config["params"]}
+    try:
+        params = method_cls.Params(**values)
+    except TypeError as error:
+        raise UserError(f"run {record['run_key']}: its parameters do not fit {record['method']}'s ({error})") from None
+    return RunSpec(record["method"], params, record["dataset"], record["scheme"], record["clients"], record["seed"],
+                   config["rounds"], config["local_epochs"], config["data_seed"], config["protocol"])  # fmt: skip
+
+
 def execution_variants(spec: RunSpec) -> dict[str, str]:
     """Config key -> label of every configuration that computes `spec`'s run with other execution switches
     (gfl_bench/switches.py: FedIIH's routing kernel), `spec`'s own included: the same experiment up to float
