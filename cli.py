@@ -322,7 +322,13 @@ def run(
     ] = None,
     data_dir: DataDirOption = None,
     store: StoreOption = DEFAULT_STORE,
-    force: Annotated[bool, typer.Option(help="Recompute runs that are already stored.")] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            help="Recompute runs that are already stored. A record of the same execution is replaced; one of "
+            "another (e.g. --batched over per-client runs) is stored beside it, for `table`'s execution band."
+        ),
+    ] = False,
     retry_failed: RetryOption = False,
     snapshot_rounds: Annotated[
         str, typer.Option(help="Rounds at which to save the server's snapshot (e.g. FedGMC manifolds).")

@@ -65,3 +65,27 @@ def test_batched_help_keeps_no_list_of_methods() -> None:
     titles = [cls.title for cls in all_methods().values()]
     start = line.index("--batched")
     assert not [t for t in titles if t in line[start : start + 400]]
+
+
+def test_force_batched_over_per_client_runs_keeps_both_and_the_table_shows_their_band(env, tmp_path) -> None:
+    """`run --force --batched` on stored per-client runs stores the batched execution beside them; the table keeps
+    reading the per-client seeds and adds their execution band; a second per-client --force replaces its own."""
+    from gfl_bench.store import RunStore
+
+    runner = CliRunner()
+    run = [*GRID[:-1], "3", "-m", "fedavg", "--seeds", "2"]
+    assert runner.invoke(app, run).exit_code == 0
+    before = runner.invoke(app, ["table", "-d", "tiny", "-f", "csv", "--seeds", "2", "--rounds", "3"])
+    assert before.exit_code == 0 and " exec " not in before.stdout and "exec X" not in before.stdout
+    assert runner.invoke(app, [*run, "--batched", "--force"]).exit_code == 0
+    assert runner.invoke(app, [*run, "--force"]).exit_code == 0  # the per-client execution again: replaced
+    with RunStore(tmp_path / "runs.sqlite") as store:
+        runs = store.frame(every_execution=True)
+    assert sorted(runs["execution_key"]) == ["batched/dense/alone/cpu"] * 2 + ["per-client/dense/alone/cpu"] * 2
+    after = runner.invoke(app, ["table", "-d", "tiny", "-f", "csv", "--seeds", "2", "--rounds", "3"])
+    assert after.exit_code == 0, after.output
+    header, fedavg = (row.split(",") for row in after.stdout.splitlines() if row.startswith(("Methods", "FedAvg")))
+    column = header.index("Tiny 5 Clients")
+    mean = fedavg[column].split(" · ")[0]
+    assert mean == before.stdout.splitlines()[-1].split(",")[column].split(" · ")[0]  # the per-client seeds' cell
+    assert " · exec " in fedavg[column] and float(fedavg[header.index("Tiny 5 Clients exec")]) >= 0
