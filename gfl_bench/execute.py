@@ -69,8 +69,10 @@ def run_job(job: list[RunSpec], env: Environment, on_round: RoundDone | None = N
     try:
         data = _caches[env.data_dir].federated(first.dataset, first.scheme, first.clients, first.data_seed)
         check_measurable(data)  # the driver checked already, unless it has no data (Ray)
-        return run_together(job, data, device, on_round, env.snapshot_rounds, env.snapshot_dir, env.batched or len(job) > 1,
-                            env.sparse_features)  # fmt: skip
+        records = run_together(job, data, device, on_round, env.snapshot_rounds, env.snapshot_dir,
+                               env.batched or len(job) > 1, env.sparse_features)  # fmt: skip
+        # the CPU threads the run had (not in its execution key: records before this field do not state it)
+        return [{**record, "threads": torch.get_num_threads()} for record in records]
     except UserError:
         raise
     except Exception as error:

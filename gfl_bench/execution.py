@@ -12,9 +12,9 @@ ways is the same experiment, and its spread is what `gflbench table --execution-
 The store keeps a run under its run key *and* its execution key (gfl_bench/store.py): a second execution
 of a stored run is a second record, never a replacement, so that the spread can be measured. Tables read
 one record per run key, the first stored (`store.RunStore.frame`), so adding an execution never moves a
-cell. Only the executions a record states are told apart: CPU threads are not in the key (records before
-this module do not say them), and a record that predates a field reads as that field's only value then
-(per-client, dense, alone, CPU).
+cell. Only the executions a record states are told apart: CPU threads are recorded (`threads`, by
+execute.run_job) but not in the key, since the records before them do not say them; and a record that
+predates a field reads as that field's only value then (per-client, dense, alone, CPU).
 
 Not here: FedIIH's `routing_kernel` computes the same math with another rounding too, but it entered the
 run key of stored runs (the sparse Minesweeper and Tolokers cells), whose keys must not change; it stays a

@@ -81,6 +81,7 @@ def test_force_batched_over_per_client_runs_keeps_both_and_the_table_shows_their
     assert runner.invoke(app, [*run, "--force"]).exit_code == 0  # the per-client execution again: replaced
     with RunStore(tmp_path / "runs.sqlite") as store:
         runs = store.frame(every_execution=True)
+        assert [r["threads"] for r in store.records()] == [1] * 4  # --threads (default 1), recorded
     assert sorted(runs["execution_key"]) == ["batched/dense/alone/cpu"] * 2 + ["per-client/dense/alone/cpu"] * 2
     after = runner.invoke(app, ["table", "-d", "tiny", "-f", "csv", "--seeds", "2", "--rounds", "3"])
     assert after.exit_code == 0, after.output
