@@ -7,7 +7,7 @@ import torch
 
 from gfl_bench.aggregation import load_model_state, mixtures, model_state, weighted_mean
 from gfl_bench.backbones import GCN
-from gfl_bench.method import clone_message
+from gfl_bench.exchange import clone_message
 
 
 def test_weighted_mean_equals_formula():

@@ -14,7 +14,7 @@ official code. Shapes: X [N, F] → r_0 [N, h] → r_1 [N, 2h] → r_2 [N, 4h] �
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -77,7 +77,7 @@ class H2GCN(StackedBackbone):
         return self.representations(graph).combined
 
 
-EGO_ACTIVATIONS = {"relu": F.relu, "tanh": torch.tanh, "elu": F.elu}
+EGO_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "tanh": torch.tanh, "elu": F.elu}
 
 
 def _h2gcn_with(activation: str) -> type[H2GCN]:
