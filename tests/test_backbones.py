@@ -157,3 +157,36 @@ def test_h2gcn_gives_the_same_representations_with_a_dense_or_sparse_2hop_operat
     dense = model.representations(graph).combined
     graph.hop2_adj = graph.hop2_adj.to_sparse_csr()
     torch.testing.assert_close(model.representations(graph).combined, dense)
+
+
+@pytest.mark.parametrize("name", ["gcn", "masked_gcn", "sage", "h2gcn", "h2gcn-tanh"])
+@pytest.mark.parametrize("training", [False, True])
+def test_the_per_client_forward_is_the_one_client_case_of_the_stacked_network(name, training):
+    """One network for both paths: a stacked backbone's `network` on stacks of two clients and their graphs
+    packed together (the batched executor's `PackedPass`) gives each client what its own forward gives.
+    Dropout is 0 so that training mode draws nothing; FED-PUB's masks are moved off one so that the
+    masked weight (pruned in eval mode) matters."""
+    import baselines.fedpub  # noqa: F401  (registers masked_gcn)
+    from gfl_bench.backbones import StackedBackbone
+    from gfl_bench.batched import PackedPass
+
+    torch.manual_seed(0)
+    graphs = [_path_graph(6), _star_graph(5)]
+    for graph in graphs:
+        graph.x = torch.randn(graph.num_nodes, 6)
+        BACKBONES[name].prepare(graph)
+    models = [BACKBONES[name](6, 8, 3, 0.0).train(training) for _ in graphs]
+    assert isinstance(models[0], StackedBackbone)
+    with torch.no_grad():
+        for model in models:
+            for key, parameter in model.named_parameters():
+                if key.endswith("mask"):
+                    parameter.uniform_(-2e-3, 2.0)  # some entries below FED-PUB's pruning threshold
+    stacks = {key: torch.stack([m.get_parameter(key) for m in models]) for key, _ in models[0].named_parameters()}
+    logits, reps = models[0].network(stacks, PackedPass(graphs, training))
+    for m, (model, graph) in enumerate(zip(models, graphs)):
+        own_logits, own_reps = model.outputs(graph)
+        torch.testing.assert_close(logits[m, : graph.num_nodes], own_logits)
+        assert not logits[m, graph.num_nodes :].isnan().any()  # padding rows are finite filler
+        if own_reps is not None:
+            torch.testing.assert_close(reps.combined[m, : graph.num_nodes], own_reps.combined)
