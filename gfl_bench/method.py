@@ -1,6 +1,6 @@
-"""The Method interface: a federated method is a Client, a Server and a Params dataclass.
+"""The Method contract: a federated method is a Client, a Server and a Params dataclass.
 
-One communication round (the runner drives it, docs/architecture.md):
+One communication round (the engine, gfl_bench/rounds.py, drives it; docs/architecture.md maps every hook):
 
     for stage in range(server.stages(round)):
         downloads = server.configure(rnd, client_ids)      # server -> each client
@@ -8,9 +8,9 @@ One communication round (the runner drives it, docs/architecture.md):
         server.aggregate(rnd, uploads)
     evaluate client.predict() for every client              # the model right after local training
 
-Client and server share nothing but messages: dicts whose leaves are tensors. The runner deep-
-copies every message in both directions and counts its bytes, so no method can alias another
-party's state or send something unmetered. Methods with more than one exchange per round (FedSage+'s
+Client and server share nothing but messages: dicts whose leaves are tensors. The exchange
+(gfl_bench/exchange.py) copies every message in both directions and counts its bytes, so no method
+can alias another party's state or send something unmetered. Methods with more than one exchange per round (FedSage+'s
 generator training, two-stage methods) return `stages > 1`; most use one.
 """
 
@@ -168,7 +168,10 @@ class Round:
 
 
 class Client(ABC):
-    """One federation participant. It holds its private graph; only `fit`'s return value leaves it."""
+    """One federation participant. It holds its private graph; only `fit`'s return value leaves it.
+
+    The engine builds one per client id at the run's start, each with its own graph, its own deep copy
+    of the common initial model, the resolved Params and the public `Setup`; it lives for the whole run."""
 
     def __init__(self, cid: int, graph: Data, model: Backbone, params: MethodParams, setup: Setup) -> None:
         self.cid = cid
