@@ -17,19 +17,11 @@ import numpy as np
 import torch
 
 from gfl_bench.datasets import dataset_spec
+from gfl_bench.federation import DataCache, FederatedData, check_measurable
 from gfl_bench.method import method_class
 from gfl_bench.provenance import provenance
 from gfl_bench.records import best_round, per_client_best
-from gfl_bench.rounds import (
-    DataCache,
-    FederatedData,
-    Job,
-    RunFailed,
-    RunResult,
-    check_measurable,
-    resolve_device,
-    train,
-)
+from gfl_bench.rounds import Job, RunFailed, RunResult, resolve_device, train
 from gfl_bench.spec import RunSpec
 from gfl_bench.store import finite
 
