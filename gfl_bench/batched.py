@@ -64,12 +64,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
+from torch_geometric.data import Data
 
 from gfl_bench.backbones import Backbone, StackedBackbone, backbone_class
 from gfl_bench.dropout import dropout_mask
@@ -91,7 +92,7 @@ class PackedPass:
     `widths`, when given instead, records each dropout's width and drops nothing (a recording pass).
     """
 
-    def __init__(self, graphs: list[Any], training: bool) -> None:
+    def __init__(self, graphs: list[Data], training: bool) -> None:
         self.graphs, self.training = graphs, training
         self.sizes = [g.num_nodes for g in graphs]
         self.padded, self.count = max(self.sizes), len(graphs)
@@ -139,7 +140,8 @@ class PackedPass:
             return h
         return h * next(self.masks) if self.masks is not None else h
 
-    def _spread(self, name: str, h: Tensor, blocks: Any) -> Tensor:
+    def _spread(self, name: str, h: Tensor, blocks: Callable[[], list[Tensor]]) -> Tensor:
+        """The operator `name` (packed from `blocks()` at its first use) applied to every client's rows."""
         adjacency = self.operators.get(name)
         if adjacency is None:
             adjacency = self.operators[name] = self._operator(blocks())
