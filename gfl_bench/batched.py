@@ -19,6 +19,11 @@ FED-PUB's masked GCN, GraphSAGE, H2GCN), the executor
 - calls the model: the backbone's own `network`, with the stacks and the packed pass;
 - slices outputs and calls each client's objective on its own (unpadded) logits and representations.
 
+Why a packed pass rather than torch.func's `stack_module_state` + `functional_call` + `vmap` over the
+clients' own forwards: vmap cannot batch sparse CSR products, so each client's graph would enter dense
+and padded, and at Cora METIS-20's sizes that forward + backward took 88 ms against the packed pass's
+25 ms (`python bench/stacking_idioms.py`, shared 2-core VM at load 4.7, one thread).
+
 Which products the packed pass uses (its choice alone; the network only names them):
 - The first layer is one sparse product of the features with the stacked weights `[M·F, h]` (only
   the non-zero features are multiplied: Planetoid's are 98 % zeros; `graph_ops.ConstantSparse`), or
