@@ -8,7 +8,8 @@ from parties import build_parties
 
 from baselines.fedgnn import FedGNN, match_nodes, node_hashes
 from gfl_bench.errors import UserError
-from gfl_bench.method import Round, clone_message, resolve_params
+from gfl_bench.exchange import clone_message
+from gfl_bench.method import Round, resolve_params
 from gfl_bench.runner import DataCache, run
 from gfl_bench.spec import make_spec
 

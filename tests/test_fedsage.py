@@ -14,7 +14,8 @@ from baselines.fedsage import (
     nearest_feature_gradient,
     slot_counts,
 )
-from gfl_bench.method import Round, clone_message, resolve_params
+from gfl_bench.exchange import clone_message
+from gfl_bench.method import Round, resolve_params
 from gfl_bench.runner import run
 from gfl_bench.spec import make_spec
 
