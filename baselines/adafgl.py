@@ -594,6 +594,7 @@ class AdaFGLServer(FedAvgServer):
 
 class AdaFGL(Method):
     name = "adafgl"
+    needs_every_client = "the stage-1 extractor is sent once, at round R1, to the clients of that round"
     title = "AdaFGL"
     summary = (
         "FedAvg extractor, then stage2_rounds of local work per client: HCS test, refined topology, one of two branches"

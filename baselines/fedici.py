@@ -423,6 +423,7 @@ class FedICIServer(Server):
 
 class FedICI(Method):
     name = "fedici"
+    needs_every_client = "its client graph is learned from every client's upload in every round"
     title = "FedICI"
     summary = (
         "UniFilter weights and (first rounds) basis subspaces up; per-client mix by principal-angle client graphs down"

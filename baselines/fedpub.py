@@ -240,12 +240,14 @@ class FedPubServer(Server):
         initial = unmasked_state(model)
         self.personalised: dict[int, dict[str, Tensor]] = {cid: initial for cid in range(setup.num_clients)}
         self.alpha = torch.full((setup.num_clients, setup.num_clients), 1.0 / setup.num_clients)
+        self.proxy_sent: set[int] = set()  # clients holding the proxy graph
 
     def configure(self, rnd: Round, client_ids: list[int]) -> dict[int, Message]:
         messages: dict[int, Message] = {cid: {"weights": self.personalised[cid]} for cid in client_ids}
-        if rnd.index == 0:
-            for message in messages.values():
-                message["proxy"] = self.proxy
+        for cid in client_ids:  # once per client, at its first round: round 0 when every client takes part
+            if cid not in self.proxy_sent:
+                messages[cid]["proxy"] = self.proxy
+                self.proxy_sent.add(cid)
         return messages
 
     def aggregate(self, rnd: Round, uploads: Mapping[int, Message]) -> None:

@@ -396,6 +396,7 @@ class FedSagePlusServer(FedAvgServer):
 
 class FedSagePlus(Method):
     name = "fedsage+"
+    needs_every_client = "its round-0 NeighGen phase exchanges generated vectors between all clients"
     title = "FedSage+"
     summary = "NeighGen trained across clients (generated vectors out, gradients back); FedAvg on mended graphs"
     Params = FedSagePlusParams

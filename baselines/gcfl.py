@@ -260,6 +260,7 @@ class GCFLServer(Server):
 
 class GCFL(Method):
     name = "gcfl"
+    needs_every_client = "a cluster split is decided on the updates of all its members in the round"
     title = "GCFL"
     summary = "shared-layer updates up; clusters bipartitioned by update similarity; cluster-wise mean down"
     Params = GCFLParams

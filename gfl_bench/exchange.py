@@ -48,19 +48,29 @@ class Exchange:
     """One run's side of one exchange: its clients, what its server sent them, and what came back.
 
     `context` is entered around everything a client of this run does (a run's own random streams when
-    several runs are stepped together, gfl_bench/randomness.py)."""
+    several runs are stepped together, gfl_bench/randomness.py). `ids` are the clients that take part,
+    ascending (`--participation`, docs/protocol.md "Partial participation"); None: every client. A client
+    not among them receives nothing, does nothing and uploads nothing: its state stays as it was."""
 
     clients: Sequence[Client]
     downloads: Mapping[int, Message]
     context: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
+    ids: Sequence[int] | None = None
     uploads: dict[int, Message] = field(default_factory=dict)
     bytes_down: int = 0
     bytes_up: int = 0
 
+    def taking_part(self) -> list[tuple[int, Client]]:
+        """(id, client) of every client that takes part in this exchange, in id order."""
+        ids = range(len(self.clients)) if self.ids is None else self.ids
+        return [(cid, self.clients[cid]) for cid in ids]
+
     def deliver(self, cid: int) -> Message:
         """Client `cid`'s copy of its download, counted."""
         if cid not in self.downloads:
-            raise RuntimeError(f"the server's configure gave no message for client {cid}: every client id needs one")
+            raise RuntimeError(
+                f"the server's configure gave no message for client {cid}: every id it was given needs one"
+            )
         message, size = clone_message(self.downloads[cid])
         self.bytes_down += size
         return message
@@ -72,7 +82,8 @@ class Exchange:
 
 
 def exchange(rnd: Round, runs: Sequence[Exchange], train_together: Callable[[], None] | None = None) -> None:
-    """Carry one exchange for every run: each client, in id order, gets its message and returns its upload.
+    """Carry one exchange for every run: each client taking part, in id order, gets its message and returns
+    its upload.
 
     Without `train_together`, each client's `fit` does its whole local work in turn (the per-client
     executor). With it, every client only `receive`s, `train_together` trains them all at once, and
@@ -81,15 +92,15 @@ def exchange(rnd: Round, runs: Sequence[Exchange], train_together: Callable[[], 
     if train_together is None:
         for run in runs:
             with run.context():
-                for cid, client in enumerate(run.clients):
+                for cid, client in run.taking_part():
                     run.collect(cid, client.fit(rnd, run.deliver(cid)))
         return
     for run in runs:
         with run.context():
-            for cid, client in enumerate(run.clients):
+            for cid, client in run.taking_part():
                 cast(TrainingClient, client).receive(rnd, run.deliver(cid))
     train_together()
     for run in runs:
         with run.context():
-            for cid, client in enumerate(run.clients):
+            for cid, client in run.taking_part():
                 run.collect(cid, cast(TrainingClient, client).upload())

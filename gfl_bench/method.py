@@ -212,7 +212,8 @@ class Server(ABC):
 
     Per round, the runner asks `stages` once; per stage it calls `configure`, then every client's local
     work (gfl_bench/exchange.py), then `aggregate`; after the last stage, `diagnostics` once and, at the
-    rounds asked for, `snapshot`. Every client takes part in every exchange. The server's own random
+    rounds asked for, `snapshot`. Every client takes part in every exchange, unless the run samples clients
+    (`--participation`): then only the round's sampled ids are configured and uploaded, the same in every stage. The server's own random
     draws happen inside the run's random streams, so a run stepped with others draws what it draws alone.
     """
 
@@ -231,8 +232,8 @@ class Server(ABC):
     def configure(self, rnd: Round, client_ids: list[int]) -> dict[int, Message]:
         """The message each client receives at the start of this exchange, by client id.
 
-        Called once per exchange, before any client works, with every client id in ascending order
-        (`list(range(num_clients))`). Every id must get an entry (one without is an error: the run stops);
+        Called once per exchange, before any client works, with the ids taking part in ascending order
+        (every id, `list(range(num_clients))`, unless the run samples clients). Every id must get an entry (one without is an error: the run stops);
         an empty dict sends nothing. Entries may share tensors, and one dict may serve every client: the
         exchange gives each client its own copy, so a client can never change the server's tensors."""
 
@@ -240,7 +241,7 @@ class Server(ABC):
     def aggregate(self, rnd: Round, uploads: Mapping[int, Message]) -> None:
         """Update the server state from the clients' uploads.
 
-        Called once per exchange, after every client's local work, with one upload per client id, in
+        Called once per exchange, after the local work, with one upload per client id taking part, in
         ascending id order (iterate `uploads.values()` for that order). The uploads are the server's own
         copies: it may keep them across rounds. Keys a client left out of its message are simply absent."""
 
@@ -286,6 +287,10 @@ class Method:
     # with this value (an explicit --set wins), so that rule applies each method's own per-client selection;
     # every other rule reads the Params as resolved. None: the method selects nothing inside itself.
     per_client_selection: ClassVar[tuple[str, str] | None] = None
+    # Why the method cannot run when only some clients take part in a round (`--participation` below 1), in a
+    # few words; None: it can, with a client that sits a round out keeping its state (docs/protocol.md,
+    # "Partial participation", says what each method does). `make_spec` refuses such runs with this reason.
+    needs_every_client: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

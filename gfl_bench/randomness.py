@@ -4,17 +4,20 @@ A run draws from the process-wide generators (Python, NumPy, torch on the CPU an
 initialisation, dropout masks, a method's own sampling. Runs stacked along a seed axis
 (`runner.run_together`) take turns on those generators, so each keeps its own streams in a
 `RunRandomness` and swaps them in for every step it takes: each run then draws exactly the numbers
-it would draw alone, and a stacked run reproduces its unstacked record.
+it would draw alone, and a stacked run reproduces its unstacked record. Which clients take part in a
+round (`Participation`) is drawn from a stream of its own, apart from all of these.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import random
 import re
 import warnings
 from collections.abc import Iterator
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -112,3 +115,35 @@ class SharedRandomness(RunRandomness):
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
         yield
+
+
+# Mixed into the run seed for the participation stream, so that it is not the stream any generator seeded
+# with the run seed alone would give (b"part").
+_PARTICIPATION_STREAM = 0x70617274
+
+
+def sampled_count(participation: float, clients: int) -> int:
+    """⌈F·M⌉, computed on the decimal F was written as: 0.3 of 10 clients is 3, not ⌈3.0000000000000004⌉ = 4."""
+    return math.ceil(Fraction(repr(participation)) * clients)
+
+
+class Participation:
+    """Which clients take part in each round (`--participation F`): ⌈F·M⌉ of the M, drawn without replacement.
+
+    The draws come from a NumPy generator of their own, seeded with the run seed and a fixed tag, not from
+    the process-wide generators: sampling changes no other random number the run draws (initialisation,
+    dropout, a method's own sampling), and a run samples the same clients on every re-run, alone or not.
+    At F = 1 nothing is drawn and every client takes part, so a run equals one without the option."""
+
+    def __init__(self, participation: float, clients: int, seed: int) -> None:
+        if not 0 < participation <= 1:
+            raise ValueError(f"participation must be in (0, 1], got {participation}")
+        self.clients = clients
+        self.count = sampled_count(participation, clients)
+        self._generator = np.random.default_rng([seed, _PARTICIPATION_STREAM]) if self.count < clients else None
+
+    def next_round(self) -> list[int]:
+        """The ids taking part in the next round, ascending."""
+        if self._generator is None:
+            return list(range(self.clients))
+        return sorted(int(i) for i in self._generator.choice(self.clients, size=self.count, replace=False))

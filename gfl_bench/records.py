@@ -21,9 +21,21 @@ def config_key_of(config: Mapping[str, Any]) -> str:
     return _digest(config)
 
 
-def run_key_of(config_key: str, dataset: str, scheme: str, clients: int, seed: int) -> str:
-    """The key of one run of a configuration; `gflbench import` recomputes it from a record."""
-    return _digest({"config": config_key, "dataset": dataset, "scheme": scheme, "clients": clients, "seed": seed})
+def run_key_of(config_key: str, dataset: str, scheme: str, clients: int, seed: int, participation: float = 1.0) -> str:
+    """The key of one run of a configuration; `gflbench import` recomputes it from a record.
+
+    A participation F < 1 (clients sampled per round) enters the key as the partition does; F = 1, every
+    client in every round, is what every run stored before the option computed, so it stays out of it."""
+    payload: dict[str, Any] = {
+        "config": config_key,
+        "dataset": dataset,
+        "scheme": scheme,
+        "clients": clients,
+        "seed": seed,
+    }
+    if participation != 1:
+        payload["participation"] = participation
+    return _digest(payload)
 
 
 def _digest(payload: Mapping[str, Any]) -> str:

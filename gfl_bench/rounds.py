@@ -1,8 +1,10 @@
 """The engine: a method's rounds on a federation, one or several seeds at once, and what they measured.
 
-Protocol (docs/protocol.md): every client takes part in every round; per round the method's
-exchanges run (gfl_bench/exchange.py), then each client's own model, right after its local training,
-is evaluated on its local validation and test nodes. Per round the plain client mean is kept (the
+Protocol (docs/protocol.md): every client takes part in every round, or with `participation` F < 1
+⌈F·M⌉ clients drawn per round (randomness.Participation; "Partial participation"); per round the
+method's exchanges run with them (gfl_bench/exchange.py), then every client's own model, right after
+its local training (or as it was, for a client that sat the round out), is evaluated on its local
+validation and test nodes. Per round the plain client mean is kept (the
 node-weighted mean too) and every client's own value. Seconds per round cover configure, local
 training and aggregation, with CUDA synchronised and evaluation excluded. All data and models stay
 on one device for the whole run.
@@ -35,7 +37,13 @@ from gfl_bench.exchange import Exchange, exchange
 from gfl_bench.federation import FederatedData
 from gfl_bench.method import Client, Method, MethodParams, Round, Server, Setup
 from gfl_bench.metrics import metric_fn
-from gfl_bench.randomness import RunRandomness, SharedRandomness, nondeterministic_kernels, seed_everything
+from gfl_bench.randomness import (
+    Participation,
+    RunRandomness,
+    SharedRandomness,
+    nondeterministic_kernels,
+    seed_everything,
+)
 from gfl_bench.training import TrainingClient
 
 
@@ -76,7 +84,8 @@ def _nanmean(values: Tensor, weights: Tensor | None = None) -> Tensor:
 class Job:
     """One run as the engine sees it: a method's configuration, its schedule and its seed.
 
-    `name` files the run's snapshots (`snapshot_dir/<name>/round<r>.pt`; the experiment layer gives the run key)."""
+    `name` files the run's snapshots (`snapshot_dir/<name>/round<r>.pt`; the experiment layer gives the run key).
+    `participation`: the fraction F of clients sampled per round (1: every client, nothing drawn)."""
 
     method: type[Method]
     params: MethodParams
@@ -84,6 +93,7 @@ class Job:
     rounds: int
     local_epochs: int
     name: str = ""
+    participation: float = 1.0
 
 
 RoundCallback = Callable[[Job, int, float, float], None]  # (job, round index, client-mean val, client-mean test)
@@ -96,7 +106,8 @@ class RunResult:
     Curves are per round: `curves` the client means (`val`, `test`, and the node-weighted
     `val_weighted`, `test_weighted`), `client_curves` every client's own value (`[round][client]`, NaN
     where a client has no such node). Costs are per round too: seconds (the run's share of a stacked
-    round), the same split by phase, bytes each way, and the server's `diagnostics`."""
+    round), the same split by phase, bytes each way, and the server's `diagnostics`. `participants`: the
+    ids that took part in each round (every id when all did)."""
 
     started: float
     curves: dict[str, list[float]] = field(
@@ -110,6 +121,7 @@ class RunResult:
     bytes_up: list[int] = field(default_factory=list)
     bytes_down: list[int] = field(default_factory=list)
     diagnostics: dict[str, list[float]] = field(default_factory=dict)
+    participants: list[list[int]] = field(default_factory=list)
     execution: str = "per-client"  # which executor trained the clients: "per-client" or "batched"
     stacked_runs: int = 1  # how many runs shared its rounds (seeds stepped together)
     features: str = "dense"  # the first layer's feature layout
@@ -125,15 +137,18 @@ class _Party:
     server: Server
     clients: list[Client]
     randomness: RunRandomness | SharedRandomness
+    participation: Participation
     result: RunResult
 
 
 def stackable(jobs: list[Job]) -> bool:
     """Whether these runs can be stepped together: one batchable method and configuration on one
-    federation, differing in the run seed only."""
+    federation, differing in the run seed only, with every client taking part (the batched pass trains
+    every client; runs sampling clients are stepped per client)."""
     first = jobs[0]
-    same = {(j.method, j.params, j.rounds, j.local_epochs) for j in jobs}
-    return len(same) == 1 and len({j.seed for j in jobs}) == len(jobs) and first.method.batchable
+    same = {(j.method, j.params, j.rounds, j.local_epochs, j.participation) for j in jobs}
+    everyone = first.participation == 1
+    return len(same) == 1 and len({j.seed for j in jobs}) == len(jobs) and first.method.batchable and everyone
 
 
 def train(
@@ -152,7 +167,7 @@ def train(
     (gfl_bench/randomness.py), so each result equals the one the run gives alone, up to float summation order.
 
     With `batched`, a method whose clients are `batchable` has all its clients' local training done at
-    once (the result's `execution` says which path ran). With `sparse_features`, the backbones' first
+    once (the result's `execution` says which path ran), unless the jobs sample clients (per client then). With `sparse_features`, the backbones' first
     layer multiplies a CSR copy of the features (`backbones.input_layer`). Both change float summation
     order only. At each round in `snapshot_rounds` the server's `snapshot()` is saved under `snapshot_dir`.
 
@@ -203,11 +218,12 @@ def _train(
         server = method.server(copy.deepcopy(template), job.params, setup)
         clients = [method.client(cid, g, copy.deepcopy(template), job.params, setup) for cid, g in enumerate(graphs)]
         randomness = RunRandomness(device) if len(jobs) > 1 else SharedRandomness()
-        parties.append(_Party(job, server, clients, randomness, RunResult(started=started)))
+        sampler = Participation(job.participation, len(clients), job.seed)
+        parties.append(_Party(job, server, clients, randomness, sampler, RunResult(started=started)))
     everyone = [client for party in parties for client in party.clients]
     streams = [(party.randomness, len(party.clients)) for party in parties]
     trainer = None
-    if batched and method.batchable:  # a batchable method's clients are TrainingClients (TrainingClient._batches)
+    if batched and method.batchable and jobs[0].participation == 1:  # its clients are TrainingClients (`_batches`)
         trainees = [cast(TrainingClient, client) for client in everyone]
         trainer = batched_trainer(trainees, jobs[0].params.backbone)
     if trainer is None and len(jobs) > 1:
@@ -217,7 +233,6 @@ def _train(
     graphs = [c.graph for c in parties[0].clients]
     val_counts = torch.tensor([float(g.val_mask.sum()) for g in graphs], device=device)
     test_counts = torch.tensor([float(g.test_mask.sum()) for g in graphs], device=device)
-    client_ids = list(range(len(graphs)))
     share = 1.0 / len(parties)
 
     for index in range(jobs[0].rounds):
@@ -226,12 +241,14 @@ def _train(
         own = {id(p): dict.fromkeys(("configure", "aggregate"), 0.0) for p in parties}
         shared = {"fit": 0.0}
         traffic = {id(p): [0, 0] for p in parties}  # bytes down, up
+        taking_part = {id(p): p.participation.next_round() for p in parties}  # the same ids in every stage
         for stage in range(parties[0].server.stages(index)):
             rnd = Round(index, stage)
             runs = {}
             for p in parties:
                 with p.randomness.active(), _timed(own[id(p)], "configure", device):
-                    runs[id(p)] = Exchange(p.clients, p.server.configure(rnd, client_ids), p.randomness.active)
+                    ids = taking_part[id(p)]
+                    runs[id(p)] = Exchange(p.clients, p.server.configure(rnd, ids), p.randomness.active, ids)
             with _timed(shared, "fit", device):
                 if trainer is not None and all(c.trains_locally(rnd) for c in trainees):
                     if together is None:  # FedSage+: once its clients have mended their graphs
@@ -255,6 +272,7 @@ def _train(
             p.result.phases["aggregate"].append(own[id(p)]["aggregate"])
             p.result.bytes_down.append(traffic[id(p)][0])
             p.result.bytes_up.append(traffic[id(p)][1])
+            p.result.participants.append(taking_part[id(p)])
             for name, value in p.server.diagnostics().items():
                 p.result.diagnostics.setdefault(name, []).append(float(value))
             if index in snapshot_rounds and snapshot_dir is not None:

@@ -67,7 +67,10 @@ def run_together(
     (`rounds.train`), one record each; each equals the one the run gives alone (`run`), up to float
     summation order. The record's `stacked_runs` says how many shared the rounds; `seconds_per_round`
     is the run's share of them."""
-    jobs = [Job(method_class(s.method), s.params, s.seed, s.rounds, s.local_epochs, name=s.run_key) for s in specs]
+    jobs = [
+        Job(method_class(s.method), s.params, s.seed, s.rounds, s.local_epochs, s.run_key, s.participation)
+        for s in specs
+    ]
     by_job = {id(job): spec for job, spec in zip(jobs, specs)}
     callback = None if on_round is None else (lambda job, index, val, test: on_round(by_job[id(job)], index, val, test))
     results = train(jobs, data, device, callback, snapshot_rounds, snapshot_dir, batched, sparse_features)
@@ -107,6 +110,8 @@ def _record(spec: RunSpec, result: RunResult, data: FederatedData, device: torch
             "bytes_up": result.bytes_up,
             "bytes_down": result.bytes_down,
             "diagnostics": result.diagnostics,
+            # the ids that took part in each round; with every client in every round (F = 1), not repeated
+            "participants": result.participants if spec.participation != 1 else None,
             "partition_hash": data.partition.digest(),
             "data_fingerprint": data.data_fingerprint,  # not in the run key: stored keys stay valid; `import` may compare it
             "started_at": result.started,
@@ -128,6 +133,7 @@ def _identity(spec: RunSpec) -> dict:
         "clients": spec.clients,
         "data_seed": spec.data_seed,
         "seed": spec.seed,
+        "participation": spec.participation,
         "config": spec.config(),
         "tuned_file": spec.tuned_file,
         "tuned_sha256": spec.tuned_sha256,

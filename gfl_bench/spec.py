@@ -41,6 +41,9 @@ class RunSpec:
     local_epochs: int
     data_seed: int = DEFAULT_DATA_SEED
     protocol: str = DEFAULT_PROTOCOL
+    # The fraction F of clients taking part in each round (docs/protocol.md, "Partial participation"); in the
+    # run key, as the partition is, only when below 1.
+    participation: float = 1.0
     # Where `fair`'s values came from (the tuned file and its sha256), for the record: not in any key.
     tuned_file: str | None = field(default=None, compare=False)
     tuned_sha256: str | None = field(default=None, compare=False)
@@ -63,7 +66,7 @@ class RunSpec:
 
     @property
     def run_key(self) -> str:
-        return run_key_of(self.config_key, self.dataset, self.scheme, self.clients, self.seed)
+        return run_key_of(self.config_key, self.dataset, self.scheme, self.clients, self.seed, self.participation)
 
 
 def keyed_params(params: MethodParams) -> dict[str, Any]:
@@ -93,7 +96,8 @@ def spec_of_record(record: Mapping[str, Any]) -> RunSpec:
     except TypeError as error:
         raise UserError(f"run {record['run_key']}: its parameters do not fit {record['method']}'s ({error})") from None
     return RunSpec(record["method"], params, record["dataset"], record["scheme"], record["clients"], record["seed"],
-                   config["rounds"], config["local_epochs"], config["data_seed"], config["protocol"])  # fmt: skip
+                   config["rounds"], config["local_epochs"], config["data_seed"], config["protocol"],
+                   record.get("participation", 1.0))  # fmt: skip
 
 
 def execution_variants(spec: RunSpec) -> dict[str, str]:
@@ -124,13 +128,15 @@ def make_spec(
     protocol: str = DEFAULT_PROTOCOL,
     tuned: Path | None = None,
     shared_schedule: bool = False,
+    participation: float = 1.0,
 ) -> RunSpec:
     """Resolve names, the protocol's values and `overrides` (on top) into a RunSpec.
 
     Rounds and local epochs: `rounds` / `local_epochs` if given, else the protocol's for this method
     (`paper` runs a source's own schedule, FedTAD's 3 local epochs), else the dataset's; `shared_schedule`
     skips the protocol's (the trials of `gflbench tune`, which run at `fair`'s schedule, the dataset's).
-    Every bad input raises UserError here, before any work; so does `fair` without tuned values.
+    Every bad input raises UserError here, before any work; so does `fair` without tuned values, and a
+    `participation` outside (0, 1].
     """
     method_cls = method_class(method)
     data = dataset_spec(dataset)
@@ -141,6 +147,10 @@ def make_spec(
     schedule = {} if shared_schedule else protocol_schedule(protocol, method_cls, dataset, scheme, clients)
     params = resolve_params(method_cls, {**preset, **(overrides or {})})
     backbone_class(params.backbone)
+    if not 0 < participation <= 1:  # NaN fails too
+        raise UserError(f"--participation must be in (0, 1], got {participation}")
+    if participation < 1 and method_cls.needs_every_client:
+        raise UserError(f"{method} cannot run with --participation below 1: {method_cls.needs_every_client}")
     for name, value in (("rounds", rounds), ("local epochs", local_epochs)):
         if value is not None and value < 1:
             raise UserError(f"{name} must be at least 1, got {value}")
@@ -155,6 +165,7 @@ def make_spec(
         local_epochs=local_epochs or schedule.get("local_epochs", data.local_epochs),
         data_seed=data_seed,
         protocol=protocol,
+        participation=participation,
         tuned_file=tuned_file,
         tuned_sha256=tuned_sha256,
     )

@@ -7,11 +7,14 @@ What is checked, per method and executor:
   the uploads (no tensor of any client's), one per client id in ascending order;
 - the bytes the record meters are the bytes that crossed, in both directions;
 - `predict` gives `[N, C]` finite logits for every client, and the record has a value for every client;
-- `diagnostics` gives floats; a batchable method runs batched wherever its clients train locally.
+- `diagnostics` gives floats; a batchable method runs batched wherever its clients train locally;
+- at participation 0.5, only the sampled clients are configured, work and are aggregated, and every
+  client is evaluated; a method that needs every client is refused.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +22,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from gfl_bench.errors import UserError
 from gfl_bench.method import Client, Server, all_methods
 from gfl_bench.runner import run
 from gfl_bench.spec import make_spec
@@ -141,3 +145,40 @@ def test_method_keeps_the_contract(tiny_federation, cpu, monkeypatch, name, batc
         assert record["execution"] == expected
     else:
         assert record["execution"] == "per-client"
+
+
+@pytest.mark.parametrize("name", sorted(all_methods()))
+def test_method_sees_only_the_sampled_clients(tiny_federation, cpu, monkeypatch, name):
+    """At participation 0.5 (3 of tiny's 5 clients per round), over two rounds, so that a server's state of
+    a client that sat a round out is used again: only the sampled clients get messages and work, the
+    server aggregates only their uploads, and every client is still evaluated (docs/protocol.md,
+    "Partial participation")."""
+    method = all_methods()[name]
+    if method.needs_every_client:  # refused before any work, with its reason
+        with pytest.raises(UserError, match=f"{re.escape(name)} cannot run with --participation below 1: "):
+            make_spec(name, "tiny", "metis", 5, 0, rounds=2, local_epochs=1, participation=0.5)
+        return
+    seen = watch(monkeypatch, method.client, method.server, batched=False)
+    stages: list[int] = []
+    original_stages = method.server.stages
+    monkeypatch.setattr(
+        method.server, "stages", lambda self, index: stages.append(original_stages(self, index)) or stages[-1]
+    )
+    spec = make_spec(name, "tiny", "metis", 5, 0, rounds=2, local_epochs=1, participation=0.5)
+    record = run(spec, tiny_federation, cpu)
+    clients = len(tiny_federation.graphs)
+
+    assert record["status"] == "ok" and record["participation"] == 0.5
+    sampled = record["participants"]
+    assert len(sampled) == 2 and all(len(ids) == 3 and ids == sorted(set(ids)) for ids in sampled)
+    assert sampled[0] != sampled[1], "seed 0 samples two different sets (a check that rounds are drawn apart)"
+    per_exchange = [ids for ids, count in zip(sampled, stages) for _ in range(count)]
+    assert len(seen.aggregated) == len(per_exchange)
+    for downloads, uploads, ids in zip(seen.configured, seen.aggregated, per_exchange):
+        assert set(ids) <= set(downloads), "every sampled client gets a message"
+        assert list(uploads) == ids, "aggregate gets the sampled clients' uploads only, in ascending order"
+    fitted = [c.cid for c, _ in seen.received]
+    assert fitted == [cid for ids in per_exchange for cid in ids], "only the sampled clients work"
+    assert sum(record["bytes_up"]) == sum(size(message) for _, message in seen.uploaded)
+    assert all(len(row) == clients and None not in row for row in record["client_curves"]["test"])
+    assert record["execution"] == "per-client"

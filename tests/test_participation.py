@@ -1,0 +1,74 @@
+"""Partial participation (`--participation F`, docs/protocol.md "Partial participation"): which clients a run
+samples, that F = 1 is today's run exactly, and what enters the run key and the record."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from gfl_bench.errors import UserError
+from gfl_bench.randomness import Participation, sampled_count
+from gfl_bench.runner import run
+from gfl_bench.spec import make_spec, spec_of_record
+
+VOLATILE = ("started_at", "finished_at", "seconds_per_round", "first_round_seconds", "seconds_per_phase",
+            "peak_memory_bytes", "peak_reserved_bytes")  # fmt: skip
+
+
+def stable(record: dict) -> dict:
+    """A record without its timings and memory, which differ between two runs of one experiment."""
+    return {key: value for key, value in record.items() if key not in VOLATILE}
+
+
+@pytest.mark.parametrize(("fraction", "clients", "count"), [(0.3, 10, 3), (0.5, 5, 3), (0.1, 10, 1), (0.01, 10, 1)])
+def test_sampled_count_is_the_ceiling_of_the_written_fraction(fraction, clients, count):
+    assert sampled_count(fraction, clients) == count
+
+
+def test_sampling_draws_from_its_own_stream():
+    """Drawing participants leaves the process-wide generators where they were; the same seed draws the same ids."""
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    before = random.random(), np.random.rand(), torch.rand(1).item()
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    first = Participation(0.5, 10, seed=3)
+    drawn = [first.next_round() for _ in range(4)]
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == before
+    again = Participation(0.5, 10, seed=3)
+    assert [again.next_round() for _ in range(4)] == drawn
+    assert all(len(ids) == 5 and ids == sorted(set(ids)) for ids in drawn)
+    assert len({tuple(ids) for ids in drawn}) > 1, "rounds draw different sets"
+    other = Participation(0.5, 10, seed=4)
+    assert [other.next_round() for _ in range(4)] != drawn
+    assert Participation(1.0, 10, seed=3).next_round() == list(range(10))
+
+
+def test_full_participation_is_the_run_without_the_option(tiny_federation, cpu):
+    """F = 1.0 keeps the run key of every stored run and computes the same record, bit for bit."""
+    absent = make_spec("fedpub", "tiny", "metis", 5, 0, rounds=2, local_epochs=1)
+    full = make_spec("fedpub", "tiny", "metis", 5, 0, rounds=2, local_epochs=1, participation=1.0)
+    assert full.run_key == absent.run_key and full.config_key == absent.config_key
+    a, b = run(absent, tiny_federation, cpu), run(full, tiny_federation, cpu)
+    assert stable(a) == stable(b)
+    assert a["participation"] == 1.0 and a["participants"] is None
+
+
+def test_half_participation_keys_and_repeats(tiny_federation, cpu):
+    """F = 0.5 enters the run key (not the config key), and a re-run samples the same clients and numbers."""
+    absent = make_spec("fedavg", "tiny", "metis", 5, 0, rounds=3, local_epochs=1)
+    half = make_spec("fedavg", "tiny", "metis", 5, 0, rounds=3, local_epochs=1, participation=0.5)
+    assert half.run_key != absent.run_key and half.config_key == absent.config_key
+    first, second = run(half, tiny_federation, cpu), run(half, tiny_federation, cpu)
+    assert first["participants"] == second["participants"] and len(first["participants"]) == 3
+    assert all(len(ids) == 3 for ids in first["participants"])
+    assert stable(first) == stable(second)
+    assert spec_of_record(first).run_key == first["run_key"]
+    assert first["curves"] != run(absent, tiny_federation, cpu)["curves"], "sampling changes what is trained"
+
+
+@pytest.mark.parametrize("fraction", [0.0, -0.5, 1.5, float("nan")])
+def test_participation_outside_the_unit_interval_is_refused(fraction):
+    with pytest.raises(UserError, match=r"--participation must be in \(0, 1\]"):
+        make_spec("fedavg", "tiny", "metis", 5, 0, participation=fraction)
