@@ -66,7 +66,11 @@ def run_together(
     """Train several runs of one configuration that differ in their seed, stacked along a seed axis
     (`rounds.train`), one record each; each equals the one the run gives alone (`run`), up to float
     summation order. The record's `stacked_runs` says how many shared the rounds; `seconds_per_round`
-    is the run's share of them."""
+    is the run's share of them. Runs that sample clients (`participation` below 1) are not stacked: each
+    is trained alone, in turn (the batched pass trains every client)."""
+    if len(specs) > 1 and any(s.participation != 1 for s in specs):
+        return [record for s in specs for record in run_together([s], data, device, on_round, snapshot_rounds,
+                                                                  snapshot_dir, batched, sparse_features)]  # fmt: skip
     jobs = [
         Job(method_class(s.method), s.params, s.seed, s.rounds, s.local_epochs, s.run_key, s.participation)
         for s in specs

@@ -8,11 +8,14 @@ import random
 import numpy as np
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from cli import app
 from gfl_bench.errors import UserError
 from gfl_bench.randomness import Participation, sampled_count
 from gfl_bench.runner import run
 from gfl_bench.spec import make_spec, spec_of_record
+from gfl_bench.store import RunStore
 
 VOLATILE = ("started_at", "finished_at", "seconds_per_round", "first_round_seconds", "seconds_per_phase",
             "peak_memory_bytes", "peak_reserved_bytes")  # fmt: skip
@@ -72,3 +75,39 @@ def test_half_participation_keys_and_repeats(tiny_federation, cpu):
 def test_participation_outside_the_unit_interval_is_refused(fraction):
     with pytest.raises(UserError, match=r"--participation must be in \(0, 1\]"):
         make_spec("fedavg", "tiny", "metis", 5, 0, participation=fraction)
+
+
+@pytest.mark.parametrize(
+    ("fraction", "method", "message"),
+    [
+        ("0", "fedavg", r"--participation must be in (0, 1], got 0.0"),
+        ("1.5", "fedavg", r"--participation must be in (0, 1], got 1.5"),
+        ("0.5", "gcfl", "gcfl cannot run with --participation below 1: "),
+    ],
+)
+def test_cli_refuses_with_one_line_and_stores_nothing(tmp_path, monkeypatch, fraction, method, message):
+    store = tmp_path / "runs.sqlite"
+    monkeypatch.setenv("GFLBENCH_DATA", str(tmp_path / "data"))
+    args = ["run", "-m", method, "-d", "tiny", "--clients", "5", "--seeds", "1", "--rounds", "1",
+            "--participation", fraction, "--store", str(store)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+    assert not store.exists()
+
+
+def test_cli_stores_a_sampled_run_under_its_own_key(tmp_path, monkeypatch):
+    """`run --participation 0.5` stores F and the sampled ids; F = 1 and F = 0.5 are two runs of one configuration."""
+    store = tmp_path / "runs.sqlite"
+    monkeypatch.setenv("GFLBENCH_DATA", str(tmp_path / "data"))
+    base = ["run", "-m", "fedavg", "-d", "tiny", "--clients", "5", "--seeds", "1", "--rounds", "2",
+            "--store", str(store)]  # fmt: skip
+    for extra in (["--participation", "0.5"], ["--participation", "1"]):
+        result = CliRunner().invoke(app, base + extra)
+        assert result.exit_code == 0, result.output
+    records = RunStore(store).records()
+    assert sorted(r["participation"] for r in records) == [0.5, 1.0]
+    half = next(r for r in records if r["participation"] == 0.5)
+    assert len(half["participants"]) == 2 and all(len(ids) == 3 for ids in half["participants"])
+    assert len({r["config_key"] for r in records}) == 1 and len({r["run_key"] for r in records}) == 2
