@@ -147,8 +147,7 @@ def make_spec(
     schedule = {} if shared_schedule else protocol_schedule(protocol, method_cls, dataset, scheme, clients)
     params = resolve_params(method_cls, {**preset, **(overrides or {})})
     backbone_class(params.backbone)
-    if not 0 < participation <= 1:  # NaN fails too
-        raise UserError(f"--participation must be in (0, 1], got {participation}")
+    check_participation(participation)
     if participation < 1 and method_cls.needs_every_client:
         raise UserError(f"{method} cannot run with --participation below 1: {method_cls.needs_every_client}")
     for name, value in (("rounds", rounds), ("local epochs", local_epochs)):
@@ -169,6 +168,12 @@ def make_spec(
         tuned_file=tuned_file,
         tuned_sha256=tuned_sha256,
     )
+
+
+def check_participation(participation: float) -> None:
+    """A fraction of clients per round must be in (0, 1]; NaN is not."""
+    if not 0 < participation <= 1:
+        raise UserError(f"--participation must be in (0, 1], got {participation}")
 
 
 def parse_overrides(items: list[str], methods: list[str]) -> dict[str, dict[str, str]]:

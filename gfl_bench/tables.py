@@ -29,6 +29,7 @@ from gfl_bench.errors import UserError
 from gfl_bench.method import method_class
 from gfl_bench.partition import default_clients
 from gfl_bench.protocol import DEFAULT_PROTOCOL, PROTOCOLS, MissingTuning, hyperparameter_source
+from gfl_bench.records import run_key_of
 from gfl_bench.significance import FEW, PairedTest, compare_to_best
 from gfl_bench.spec import RunSpec, execution_variants, make_spec
 
@@ -112,6 +113,16 @@ class Block:
     bands: pd.DataFrame | None = None  # same shape: a Band where a cell has one, else None
 
 
+def _at_participation(runs: pd.DataFrame, participation: float) -> pd.DataFrame:
+    """The rows run at `participation`: those whose run key is their configuration's at it (runs at F = 0.5
+    and at 1 share the configuration key and differ in the run key only, `records.run_key_of`)."""
+    if runs.empty:
+        return runs
+    columns = (runs[name] for name in ("config_key", "dataset", "scheme", "clients", "seed"))
+    keys = [run_key_of(c, d, s, int(m), int(seed), participation) for c, d, s, m, seed in zip(*columns)]
+    return runs[runs["run_key"] == pd.Series(keys, index=runs.index)]
+
+
 @dataclass(frozen=True)
 class Selection:
     """Which stored runs a table reads: the methods' configurations as `gflbench run` would resolve them."""
@@ -128,13 +139,16 @@ class Selection:
     # Every execution of every stored run (`RunStore.frame(every_execution=True)`), for execution bands; `runs`
     # holds the one execution per run that cells read. None: no bands.
     executions: pd.DataFrame | None = None
+    # The fraction of clients sampled per round the runs used (`--participation`; docs/protocol.md): it shares
+    # the configuration key, so cells keep the runs whose run key is their configuration's at this fraction.
+    participation: float = 1.0
 
     def spec_of(self, method: str, dataset: str, scheme: str, clients: int) -> RunSpec | None:
         """Seed 0's spec of one cell under the selected protocol; None where `fair` has no tuned values."""
         try:
             overrides = rule_overrides(method, self.rule, self.overrides.get(method, {}))
-            return make_spec(method, dataset, scheme, clients, 0, overrides, self.rounds,
-                             self.local_epochs, protocol=self.protocol, tuned=self.tuned)  # fmt: skip
+            return make_spec(method, dataset, scheme, clients, 0, overrides, self.rounds, self.local_epochs,
+                             protocol=self.protocol, tuned=self.tuned, participation=self.participation)  # fmt: skip
         except MissingTuning:
             return None
 
@@ -145,8 +159,9 @@ class Selection:
         if runs.empty or spec is None:
             return runs.iloc[0:0]
         key = spec.config_key
-        return runs[(runs["config_key"] == key) & (runs["method"] == method) & (runs["dataset"] == dataset)
-                    & (runs["scheme"] == scheme) & (runs["clients"] == clients)]  # fmt: skip
+        return _at_participation(runs[(runs["config_key"] == key) & (runs["method"] == method)
+                                      & (runs["dataset"] == dataset) & (runs["scheme"] == scheme)
+                                      & (runs["clients"] == clients)], self.participation)  # fmt: skip
 
     def run_keys(self, method: str, dataset: str, scheme: str, clients: int) -> list[str]:
         return list(self.runs_of(method, dataset, scheme, clients)["run_key"]) if len(self.runs) else []
@@ -180,6 +195,7 @@ class Selection:
         column = self.value + SELECTION_RULES[self.rule]
         chosen = runs[runs["config_key"].isin(list(variants)) & (runs["method"] == method) & (runs["status"] == "ok")
                       & (runs["dataset"] == dataset) & (runs["scheme"] == scheme) & (runs["clients"] == clients)]  # fmt: skip
+        chosen = _at_participation(chosen, self.participation)
         if column not in chosen:
             return None
         chosen = chosen.dropna(subset=[column])
@@ -224,6 +240,8 @@ class Selection:
         extra = "; with --set " + " ".join(
             f"{m}.{k}={v}" for m, values in sorted(self.overrides.items()) for k, v in sorted(values.items())
         ) if any(self.overrides.values()) else ""  # fmt: skip
+        if self.participation != 1:
+            text = f"{text.rstrip('.')}, participation F = {self.participation:g} (⌈F·M⌉ clients sampled per round)"
         return (f"{text.rstrip('.')}. Protocol: {self.protocol} ({PROTOCOLS[self.protocol]}); "
                 f"{hyperparameter_source(self.protocol, self.tuned)}{extra}. Row labels name each method's backbone.")  # fmt: skip
 

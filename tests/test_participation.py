@@ -111,3 +111,15 @@ def test_cli_stores_a_sampled_run_under_its_own_key(tmp_path, monkeypatch):
     half = next(r for r in records if r["participation"] == 0.5)
     assert len(half["participants"]) == 2 and all(len(ids) == 3 for ids in half["participants"])
     assert len({r["config_key"] for r in records}) == 1 and len({r["run_key"] for r in records}) == 2
+    # A table reads the runs of its own fraction only (they share the configuration key) and states it.
+    tables = {}
+    for fraction in ("1", "0.5"):
+        args = ["table", "-d", "tiny", "-m", "fedavg", "--rounds", "2", "--seeds", "1", "-f", "csv",
+                "--participation", fraction, "--store", str(store)]  # fmt: skip
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        tables[fraction] = result.stdout
+    assert "participation F = 0.5" in tables["0.5"] and "participation" not in tables["1"]
+    for fraction, value in (("1", 1.0), ("0.5", 0.5)):
+        test = next(r["test"] for r in records if r["participation"] == value)
+        assert f"{100 * test:.2f}" in tables[fraction]
