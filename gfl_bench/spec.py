@@ -147,13 +147,10 @@ def make_spec(
     schedule = {} if shared_schedule else protocol_schedule(protocol, method_cls, dataset, scheme, clients)
     params = resolve_params(method_cls, {**preset, **(overrides or {})})
     backbone_class(params.backbone)
-    check_participation(participation)
-    if participation < 1 and method_cls.needs_every_client:
-        raise UserError(f"{method} cannot run with --participation below 1: {method_cls.needs_every_client}")
     for name, value in (("rounds", rounds), ("local epochs", local_epochs)):
         if value is not None and value < 1:
             raise UserError(f"{name} must be at least 1, got {value}")
-    return RunSpec(
+    spec = RunSpec(
         method=method,
         params=params,
         dataset=dataset,
@@ -164,10 +161,21 @@ def make_spec(
         local_epochs=local_epochs or schedule.get("local_epochs", data.local_epochs),
         data_seed=data_seed,
         protocol=protocol,
-        participation=participation,
         tuned_file=tuned_file,
         tuned_sha256=tuned_sha256,
     )
+    return at_participation(spec, participation)
+
+
+def at_participation(spec: RunSpec, participation: float) -> RunSpec:
+    """`spec` with `participation` clients per round, checked: in (0, 1], and, below 1, a method that can run
+    with absent clients (`Method.needs_every_client`); a UserError otherwise. Commands that plan their specs
+    elsewhere (`gflbench sweep`'s grids) set the fraction with it."""
+    check_participation(participation)
+    reason = method_class(spec.method).needs_every_client
+    if participation < 1 and reason:
+        raise UserError(f"{spec.method} cannot run with --participation below 1: {reason}")
+    return dataclasses.replace(spec, participation=participation)
 
 
 def check_participation(participation: float) -> None:

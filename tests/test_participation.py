@@ -123,3 +123,19 @@ def test_cli_stores_a_sampled_run_under_its_own_key(tmp_path, monkeypatch):
     for fraction, value in (("1", 1.0), ("0.5", 0.5)):
         test = next(r["test"] for r in records if r["participation"] == value)
         assert f"{100 * test:.2f}" in tables[fraction]
+
+
+def test_sweep_plans_the_runs_of_its_fraction(tmp_path, monkeypatch):
+    """`sweep --participation 0.5` finds the stored 0.5 run; the same grid at F = 1 still lacks its run."""
+    store = tmp_path / "runs.sqlite"
+    monkeypatch.setenv("GFLBENCH_DATA", str(tmp_path / "data"))
+    grid = ["-m", "fedavg", "-d", "tiny", "--clients", "5", "--seeds", "1", "--rounds", "2", "--store", str(store)]
+    assert CliRunner().invoke(app, ["run", *grid, "--participation", "0.5"]).exit_code == 0
+    planned = {}
+    for fraction in ("0.5", "1"):
+        result = CliRunner().invoke(app, ["sweep", *grid, "--participation", fraction, "--dry-run"])
+        assert result.exit_code == 0, result.output
+        planned[fraction] = result.output
+    assert "1 runs in the grid, 0 missing" in planned["0.5"] and "1 runs in the grid, 1 missing" in planned["1"]
+    refused = CliRunner().invoke(app, ["sweep", *grid[:1], "fedici", *grid[2:], "--participation", "0.5", "--dry-run"])
+    assert refused.exit_code == 2 and "fedici cannot run with --participation below 1" in refused.stderr
