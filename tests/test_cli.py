@@ -303,10 +303,10 @@ def test_methods_in_a_narrow_terminal_wraps_instead_of_cutting(env, monkeypatch)
 
     from rich.console import Console
 
-    import cli
+    from gfl_bench.commands import common
 
     terminal = Console(width=80, force_terminal=True, record=True, file=open(os.devnull, "w"))
-    monkeypatch.setattr(cli, "console", terminal)
+    monkeypatch.setattr(common, "console", terminal)
     result = CliRunner().invoke(app, ["methods"])
     assert result.exit_code == 0, result.output
     text = terminal.export_text()

@@ -111,7 +111,7 @@ def test_partitions_writes_the_statistics_as_csv(tmp_path, monkeypatch):
 
 
 def test_a_client_without_edges_shows_a_dash_for_its_homophily_not_nan():
-    from cli import _or_dash
+    from gfl_bench.commands.listing import _or_dash
 
     assert _or_dash(float("nan"), ".3f") == "-" and _or_dash(float("nan"), "+.3f") == "-"
     assert _or_dash(0.5, "+.3f") == "+0.500" and _or_dash(0.0, ".3f") == "0.000"
