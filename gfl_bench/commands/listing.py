@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -22,9 +22,6 @@ from gfl_bench.commands.common import (
 from gfl_bench.datasets import dataset_spec, default_data_dir
 from gfl_bench.errors import UserError
 from gfl_bench.protocol import DEFAULT_PROTOCOL, PROTOCOLS, check_protocol
-
-if TYPE_CHECKING:  # names for annotations only: importing them here would load torch for `--help`
-    pass
 
 
 @friendly

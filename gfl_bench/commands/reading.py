@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -40,9 +40,6 @@ from gfl_bench.datasets import dataset_spec, default_data_dir
 from gfl_bench.errors import UserError
 from gfl_bench.protocol import DEFAULT_PROTOCOL, check_protocol
 from gfl_bench.store import DEFAULT_STORE, RunStore
-
-if TYPE_CHECKING:  # names for annotations only: importing them here would load torch for `--help`
-    pass
 
 
 @friendly

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -17,9 +17,6 @@ from gfl_bench.commands.common import (
 )
 from gfl_bench.errors import UserError
 from gfl_bench.store import DEFAULT_STORE, RunStore
-
-if TYPE_CHECKING:  # names for annotations only: importing them here would load torch for `--help`
-    pass
 
 
 @friendly

@@ -6,7 +6,7 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
@@ -33,9 +33,6 @@ from gfl_bench.commands.common import (
 from gfl_bench.datasets import default_data_dir
 from gfl_bench.errors import UserError
 from gfl_bench.store import DEFAULT_STORE
-
-if TYPE_CHECKING:  # names for annotations only: importing them here would load torch for `--help`
-    pass
 
 
 @friendly
