@@ -68,6 +68,10 @@ class FedAvgServer(Server):
         states = [u["weights"] for u in uploads.values()]
         self.global_weights = weighted_mean(states, client_weights(uploads, self.params.weighting))
 
+    def global_model(self, cid: int) -> dict[str, torch.Tensor] | None:
+        """The one global model every client starts its next round from."""
+        return self.global_weights
+
 
 class FedAvg(Method):
     name = "fedavg"

@@ -206,6 +206,11 @@ class FedGNNServer(FedAvgServer):
             }
         return messages
 
+    def global_model(self, cid: int) -> None:
+        """None: a client's forward reads the embeddings routed to it, so the global weights alone are not a
+        model any party deploys."""
+        return None
+
     def aggregate(self, rnd: Round, uploads: Mapping[int, Message]) -> None:
         if rnd == MATCHING:
             self.route(match_nodes(uploads), list(uploads))

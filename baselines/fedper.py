@@ -32,6 +32,10 @@ class FedPerServer(FedAvgServer):
     def initial_weights(self) -> dict[str, torch.Tensor]:
         return model_state(self.model, exclude_prefix=self.model.head)
 
+    def global_model(self, cid: int) -> None:
+        """None: the shared layers are global, but every head stays on its client (no whole global model)."""
+        return None
+
 
 class FedPer(Method):
     name = "fedper"

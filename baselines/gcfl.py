@@ -197,6 +197,12 @@ class GCFLServer(Server):
             if cid in client_ids
         }
 
+    def global_model(self, cid: int) -> dict[str, Tensor] | None:
+        """Client `cid`'s cluster model; None when only the convolutions are shared (`share=convs`: heads stay local)."""
+        if self.params.share == "convs":
+            return None
+        return next(weights for members, weights in zip(self.clusters, self.cluster_weights) if cid in members)
+
     def aggregate(self, rnd: Round, uploads: Mapping[int, Message]) -> None:
         flat = {cid: torch.cat([v.flatten() for v in u["update"].values()]) for cid, u in uploads.items()}
         everyone = torch.stack(list(flat.values()))

@@ -252,6 +252,16 @@ class Server(ABC):
         round: the record keeps one list per key, and a key missing in a round would misalign its list."""
         return {}
 
+    def global_model(self, cid: int) -> dict[str, Tensor] | None:
+        """The whole weights of the global (or cluster) model client `cid` would start its next round from,
+        by parameter name, loadable into the client's backbone; None: the method has no such model (only
+        personalised ones, or shared layers without a head). Default None.
+
+        Called once per round after `diagnostics`, for every client id: the engine scores it on each client's
+        validation and test nodes, the "global model before local training" reading (docs/protocol.md,
+        "Evaluation modes"). It must not change the server."""
+        return None
+
     def snapshot(self) -> dict[str, Any]:
         """Server state worth saving at chosen rounds for case studies (`--snapshot-rounds`); default none.
 

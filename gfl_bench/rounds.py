@@ -28,8 +28,9 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from gfl_bench.aggregation import load_model_state
 from gfl_bench.allocator import keep_freed_memory, release_excess_heap
-from gfl_bench.backbones import build_backbone
+from gfl_bench.backbones import Backbone, build_backbone
 from gfl_bench.batched import BatchedTraining, batched_trainer
 from gfl_bench.datasets import partial_path, remove_stale_partials
 from gfl_bench.errors import UserError
@@ -122,6 +123,10 @@ class RunResult:
     bytes_down: list[int] = field(default_factory=list)
     diagnostics: dict[str, list[float]] = field(default_factory=dict)
     participants: list[list[int]] = field(default_factory=list)
+    # The server's global (or cluster) model, scored on each client's nodes after each round's aggregation,
+    # before the next local training (`Server.global_model`); empty lists for a method without one.
+    global_curves: dict[str, list[float]] = field(default_factory=lambda: {"val": [], "test": []})
+    global_client_curves: dict[str, list[list[float]]] = field(default_factory=lambda: {"val": [], "test": []})
     execution: str = "per-client"  # which executor trained the clients: "per-client" or "batched"
     stacked_runs: int = 1  # how many runs shared its rounds (seeds stepped together)
     features: str = "dense"  # the first layer's feature layout
@@ -139,6 +144,10 @@ class _Party:
     randomness: RunRandomness | SharedRandomness
     participation: Participation
     result: RunResult
+    scorer: Backbone  # a copy of the initial model, into which the server's global model is loaded to be scored
+    # each client graph's validation and test node indices, by graph (FedSage+ replaces its graphs), for the
+    # global reading: indexing by a boolean mask is a host sync every round, by an index tensor it is not
+    split_indices: dict[int, tuple[Data, Tensor, Tensor]] = field(default_factory=dict)
 
 
 def stackable(jobs: list[Job]) -> bool:
@@ -219,7 +228,8 @@ def _train(
         clients = [method.client(cid, g, copy.deepcopy(template), job.params, setup) for cid, g in enumerate(graphs)]
         randomness = RunRandomness(device) if len(jobs) > 1 else SharedRandomness()
         sampler = Participation(job.participation, len(clients), job.seed)
-        parties.append(_Party(job, server, clients, randomness, sampler, RunResult(started=started)))
+        scorer = copy.deepcopy(template).eval()
+        parties.append(_Party(job, server, clients, randomness, sampler, RunResult(started=started), scorer))
     everyone = [client for party in parties for client in party.clients]
     streams = [(party.randomness, len(party.clients)) for party in parties]
     trainer = None
@@ -264,6 +274,7 @@ def _train(
                     p.server.aggregate(rnd, runs[id(p)].uploads)
         _sync(device)
         elapsed = time.perf_counter() - tic
+        global_scores: dict[int, tuple[Tensor, Tensor] | None] = {}
         own_total = sum(sum(spent.values()) for spent in own.values())
         for p in parties:
             p.result.seconds.append(sum(own[id(p)].values()) + share * (elapsed - own_total))
@@ -275,6 +286,7 @@ def _train(
             p.result.participants.append(taking_part[id(p)])
             for name, value in p.server.diagnostics().items():
                 p.result.diagnostics.setdefault(name, []).append(float(value))
+            global_scores[id(p)] = _evaluate_global(p, metric)
             if index in snapshot_rounds and snapshot_dir is not None:
                 _save_snapshot(p.server.snapshot(), Path(snapshot_dir) / p.job.name / f"round{index}.pt")
 
@@ -289,10 +301,20 @@ def _train(
                 val, test, finite = _evaluate(p.clients, metric)
             first += len(p.clients)
             means = torch.stack([_nanmean(val), _nanmean(test), _nanmean(val, val_counts), _nanmean(test, test_counts)])
-            host = torch.cat([means, val, test, finite.reshape(1)]).tolist()  # the one host sync per run and round
-            summary, all_finite = host[:4], host[-1]
-            p.result.client_curves["val"].append(host[4 : 4 + len(p.clients)])
-            p.result.client_curves["test"].append(host[4 + len(p.clients) : -1])
+            scored = global_scores[id(p)]
+            extra = [] if scored is None else [torch.stack([_nanmean(s) for s in scored]), *scored]
+            # the one host sync per run and round
+            host = torch.cat([means, val, test, finite.reshape(1), *extra]).tolist()
+            n = len(p.clients)
+            summary, all_finite = host[:4], host[4 + 2 * n]
+            p.result.client_curves["val"].append(host[4 : 4 + n])
+            p.result.client_curves["test"].append(host[4 + n : 4 + 2 * n])
+            if scored is not None:  # the global model's: its two means, then every client's values
+                rest = host[5 + 2 * n :]
+                p.result.global_curves["val"].append(rest[0])
+                p.result.global_curves["test"].append(rest[1])
+                p.result.global_client_curves["val"].append(rest[2 : 2 + n])
+                p.result.global_client_curves["test"].append(rest[2 + n :])
             if not all_finite:
                 raise RunFailed(f"non-finite predictions at round {index} (diverged training: NaN or inf)")
             for key, value in zip(p.result.curves, summary):
@@ -384,6 +406,34 @@ def _save_snapshot(state: dict, path: Path) -> None:
     partial = partial_path(path)
     torch.save(state, partial)
     os.replace(partial, path)
+
+
+@torch.no_grad()
+def _evaluate_global(party: _Party, metric: Callable[[Tensor, Tensor], Tensor]) -> tuple[Tensor, Tensor] | None:
+    """Per-client validation and test metric of the model each client would start its next round from, if the
+    method has a global or cluster one (`Server.global_model`); None if it has not. Eval mode, no random draw,
+    so the run's other numbers are what they are without it."""
+    server, scorer = party.server, party.scorer
+    val, test = [], []
+    for client in party.clients:
+        weights = server.global_model(client.cid)
+        if weights is None:
+            return None
+        missing = set(scorer.state_dict()) - set(weights)
+        if missing:
+            raise RuntimeError(
+                f"{type(server).__name__}.global_model lacks {sorted(missing)}: it must be a whole model"
+            )
+        load_model_state(scorer, weights)
+        g = client.graph
+        known = party.split_indices.get(id(g))
+        if known is None or known[0] is not g:
+            known = party.split_indices[id(g)] = (g, g.val_mask.nonzero().view(-1), g.test_mask.nonzero().view(-1))
+        _, val_index, test_index = known
+        logits = scorer(g)
+        val.append(metric(logits[val_index], g.y[val_index]))
+        test.append(metric(logits[test_index], g.y[test_index]))
+    return torch.stack(val), torch.stack(test)
 
 
 def _evaluate(clients: list, metric: Callable[[Tensor, Tensor], Tensor]) -> tuple[Tensor, Tensor, Tensor]:

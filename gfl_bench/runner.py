@@ -102,6 +102,7 @@ def _record(spec: RunSpec, result: RunResult, data: FederatedData, device: torch
             "curves": curves,
             "client_curves": result.client_curves,
             "excluded_clients": {split: excluded_clients(result.client_curves[split]) for split in ("val", "test")},
+            **_global_reading(result),
             "seconds_per_round": result.seconds,
             # round 0 apart: it carries one-off work (CUDA and library start-up, FedSage+'s generator phase);
             # the store's summary column is the median of the later rounds (store.round_seconds)
@@ -124,6 +125,25 @@ def _record(spec: RunSpec, result: RunResult, data: FederatedData, device: torch
             "nondeterministic_kernels": result.nondeterministic_kernels,
         }
     )
+
+
+def _global_reading(result: RunResult) -> dict:
+    """The global (or cluster) model's reading (docs/protocol.md, "Evaluation modes"): its curves, and its
+    values at the round with its best client-mean validation value. Null for a method without such a model:
+    it has no number there, not a zero."""
+    curves = result.global_curves
+    if not curves["val"]:
+        return dict.fromkeys(
+            ("global_curves", "global_client_curves", "global_best_round", "global_val", "global_test")
+        )
+    best = best_round(curves["val"])
+    return {
+        "global_curves": curves,
+        "global_client_curves": result.global_client_curves,
+        "global_best_round": best,
+        "global_val": curves["val"][best],
+        "global_test": curves["test"][best],
+    }
 
 
 def _identity(spec: RunSpec) -> dict:

@@ -139,3 +139,17 @@ def test_sweep_plans_the_runs_of_its_fraction(tmp_path, monkeypatch):
     assert "1 runs in the grid, 0 missing" in planned["0.5"] and "1 runs in the grid, 1 missing" in planned["1"]
     refused = CliRunner().invoke(app, ["sweep", *grid[:1], "fedici", *grid[2:], "--participation", "0.5", "--dry-run"])
     assert refused.exit_code == 2 and "fedici cannot run with --participation below 1" in refused.stderr
+
+
+def test_global_model_reading(tiny_federation, cpu):
+    """FedAvg's record scores its global model after each aggregation on every client (docs/protocol.md,
+    "Evaluation modes"): the mean over clients, at the best global-validation round; FedPer, whose heads stay
+    local, has no number there."""
+    record = run(make_spec("fedavg", "tiny", "metis", 5, 0, rounds=3, local_epochs=1), tiny_federation, cpu)
+    curves, clients = record["global_curves"], record["global_client_curves"]
+    assert len(curves["test"]) == 3 and all(len(row) == 5 for row in clients["test"])
+    assert curves["test"] == pytest.approx([float(np.nanmean(row)) for row in clients["test"]])
+    assert record["global_test"] == curves["test"][record["global_best_round"]]
+    assert curves["test"] != record["curves"]["test"], "before local training is another reading"
+    fedper = run(make_spec("fedper", "tiny", "metis", 5, 0, rounds=2, local_epochs=1), tiny_federation, cpu)
+    assert fedper["global_curves"] is None and fedper["global_test"] is None
