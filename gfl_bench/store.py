@@ -585,7 +585,10 @@ def check_record(record: object) -> str | None:
             return f"its {name} {record[name]!r} is not its config's {config[name]!r}"
     if config_key_of(config) != record["config_key"]:
         return f"its config key {record['config_key']} is not the key of its config ({config_key_of(config)})"
-    key = run_key_of(record["config_key"], record["dataset"], record["scheme"], record["clients"], record["seed"])
+    key = run_key_of(
+        record["config_key"], record["dataset"], record["scheme"], record["clients"], record["seed"],
+        record.get("participation", 1.0),  # records made before partial participation ran every client
+    )  # fmt: skip
     if key != record["run_key"]:
         where = f"{record['dataset']} {record['scheme']}-{record['clients']} and seed {record['seed']}"
         return f"its run key {record['run_key']} does not follow from its config, {where} (that run's key is {key})"

@@ -111,6 +111,7 @@ class Block:
     marks: pd.DataFrame | None = None  # same shape: a significance.Mark where a column was tested, else None
     test: PairedTest | None = None  # the test behind `marks`
     bands: pd.DataFrame | None = None  # same shape: a Band where a cell has one, else None
+    verbatim: bool = False  # Markdown prints the text as written (tabulate would read "+0.020" as the number 0.02)
 
 
 def _at_participation(runs: pd.DataFrame, participation: float) -> pd.DataFrame:
@@ -434,6 +435,32 @@ def dataset_table(data_dir: Path) -> list[Block]:
     return [Block(frame, _frame(values, columns), higher_is_better=None)]
 
 
+def partition_table(data_dir: Path, scheme: str, counts: Sequence[int], data_seed: int) -> Block:
+    """Table 3's second part (issue 32, item 5): how heterogeneous each loaded graph's `scheme` partition is at
+    each client count, as `heterogeneity.setting_summary` puts a partition in one row (client means), so that
+    a scheme's heterogeneity sits beside the graphs it splits. Partitions are made and cached as runs make them."""
+    from gfl_bench.federation import DataCache
+    from gfl_bench.heterogeneity import SETTING_COLUMNS, setting_summary
+
+    cache = DataCache(data_dir, data_dir / "partitions")
+    names = ("JS div.", "Quantity imbalance", "Homophily", "Client homophily", "Gap", "Missing")
+    columns = [("", name) for name in names]
+    text, values = {}, {}
+    for name, spec in DATASETS.items():
+        if spec.synthetic or not is_available(name, data_dir):
+            continue
+        for clients in counts:
+            data = cache.federated(name, scheme, clients, data_seed)
+            summary = setting_summary(cache.graph(name), data.graphs)
+            row = [summary[column] for column in SETTING_COLUMNS]
+            label = f"{spec.title}, {clients} clients"
+            text[label] = [f"{v:+.3f}" if c == "Gap" else f"{v:.3f}" for c, v in zip(names, row)]
+            values[label] = row
+    frame = _frame(text, columns)
+    frame.index.name = "Partition"
+    return Block(frame, _frame(values, columns), higher_is_better=None, verbatim=True)
+
+
 def _frame(rows: Mapping[str, list], columns: list[tuple[str, str]]) -> pd.DataFrame:
     frame = pd.DataFrame.from_dict(dict(rows), orient="index", columns=pd.MultiIndex.from_tuples(columns))
     frame.index.name = "Methods"
@@ -489,7 +516,9 @@ def _flat(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _markdown(block: Block, caption: str) -> str:
     text = block.text if block.marks is None else block.text.mask(_top(block), "**" + block.text + "**")
-    return f"**{caption}**\n\n{_flat(text).to_markdown()}\n"
+    flat = _flat(text)
+    aligned = {"disable_numparse": True, "colalign": ["left"] + ["right"] * len(flat.columns)} if block.verbatim else {}
+    return f"**{caption}**\n\n{flat.to_markdown(**aligned)}\n"
 
 
 def _csv(block: Block, caption: str) -> str:

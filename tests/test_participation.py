@@ -123,6 +123,12 @@ def test_cli_stores_a_sampled_run_under_its_own_key(tmp_path, monkeypatch):
     for fraction, value in (("1", 1.0), ("0.5", 0.5)):
         test = next(r["test"] for r in records if r["participation"] == value)
         assert f"{100 * test:.2f}" in tables[fraction]
+    # Exported and imported elsewhere, both runs keep their keys (import recomputes each key with its F).
+    exported, copy = tmp_path / "runs.jsonl.gz", tmp_path / "copy.sqlite"
+    assert CliRunner().invoke(app, ["export", str(exported), "--store", str(store)]).exit_code == 0
+    result = CliRunner().invoke(app, ["import", str(exported), "--store", str(copy)])
+    assert result.exit_code == 0, result.output
+    assert sorted(r["run_key"] for r in RunStore(copy).records()) == sorted(r["run_key"] for r in records)
 
 
 def test_sweep_plans_the_runs_of_its_fraction(tmp_path, monkeypatch):

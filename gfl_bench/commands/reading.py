@@ -81,7 +81,7 @@ def table(
     significantly worse than it (docs/protocol.md, "Statistics")."""
     from gfl_bench import planning, tables
     from gfl_bench.method import all_methods
-    from gfl_bench.partition import scheme_label
+    from gfl_bench.partition import DEFAULT_DATA_SEED, default_clients, scheme_label
     from gfl_bench.significance import PairedTest
     from gfl_bench.spec import check_participation, parse_overrides
 
@@ -120,7 +120,14 @@ def table(
                 f"{', '.join(chosen_datasets)}, {partition} partitioning",
             )
         elif n == 3:
-            blocks, caption = tables.dataset_table(data_dir or default_data_dir()), tables.CAPTIONS[3]
+            root = data_dir or default_data_dir()
+            scheme = scheme_label(partition)
+            counts = default_clients(scheme)
+            blocks = [*tables.dataset_table(root), tables.partition_table(root, scheme, counts, DEFAULT_DATA_SEED)]
+            caption = (
+                f"{tables.CAPTIONS[3]} Below: the heterogeneity of their {scheme} partitions at "
+                f"{', '.join(map(str, counts))} clients (data seed {DEFAULT_DATA_SEED}; client means, docs/protocol.md)."
+            )
         elif n == 6:
             ablation_datasets = chosen_datasets or [
                 d for d in tables.HOMOPHILIC + tables.HETEROPHILIC if d in set(frame["dataset"])
