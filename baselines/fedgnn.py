@@ -244,7 +244,9 @@ class FedGNNServer(FedAvgServer):
 
 class FedGNN(Method):
     name = "fedgnn"
-    needs_every_client = "its round-0 matching pairs every client's nodes, and each round routes every client's embeddings"
+    needs_every_client = (
+        "its round-0 matching pairs every client's nodes, and each round routes every client's embeddings"
+    )
     title = "FedGNN"
     summary = "FedAvg; embeddings of nodes matched across clients (same id or neighbours) expand local graphs"
     Params = FedGNNParams

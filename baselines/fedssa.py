@@ -549,7 +549,9 @@ class FedSSAServer(Server):
 
 class FedSSA(Method):
     name = "fedssa"
-    needs_every_client = "its cluster labels, frozen after the clustering rounds, compare only clients clustered together"
+    needs_every_client = (
+        "its cluster labels, frozen after the clustering rounds, compare only clients clustered together"
+    )
     title = "FedSSA (reimpl.)"  # reimplementation from the paper's abstract: no code, method section unread
     summary = "weights, class-wise Gaussians and spectral energy up; cluster-level models and distributions down"
     Params = FedSSAParams
