@@ -5,6 +5,7 @@ registry of backbones by name (`BACKBONES`, `register_backbone`, `build_backbone
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol
 
@@ -132,7 +133,7 @@ def per_node(bias: Tensor) -> Tensor:
     return bias.unsqueeze(-2)
 
 
-class StackedBackbone(Backbone):
+class StackedBackbone(Backbone, ABC):
     """A backbone whose network is written once, on parameters that may carry a leading client axis.
 
     `network(p, g)` is the whole forward: `p` maps parameter names to tensors (as `named_parameters()`
@@ -149,9 +150,9 @@ class StackedBackbone(Backbone):
     def client_pass(self, graph: Data) -> ClientPass:
         return ClientPass(graph, self.dropout, self.training)
 
+    @abstractmethod
     def network(self, p: Mapping[str, Tensor], g: GraphPass) -> tuple[Tensor, Any]:
         """Logits `[..., N, C]` and the representations the backbone exposes (None if none)."""
-        raise NotImplementedError
 
     def outputs(self, graph: Data) -> tuple[Tensor, Any]:
         """Logits and representations of one client's graph (`network` on this model's parameters)."""
