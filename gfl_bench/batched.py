@@ -77,7 +77,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch_geometric.data import Data
 
-from gfl_bench.backbones import Backbone, StackedBackbone, backbone_class
+from gfl_bench.backbones import StackedBackbone, backbone_class
 from gfl_bench.dropout import dropout_mask
 from gfl_bench.graph_ops import ConstantSparse, operator_product, row_normalized
 from gfl_bench.metrics import metric_of_clients
@@ -362,10 +362,6 @@ def _client_slice(representations: Any, m: int, size: int) -> Any:
     return type(representations)(**{
         field.name: getattr(representations, field.name)[m, :size] for field in dataclasses.fields(representations)
     })  # fmt: skip
-
-
-# What `gfl_bench.execute.per_client_fallbacks` checks a backbone against: the families that batch.
-TRAINERS: tuple[type[Backbone], ...] = (StackedBackbone,)
 
 
 def batched_trainer(clients: list[TrainingClient], backbone: str) -> type[BatchedTraining] | None:

@@ -116,13 +116,13 @@ def per_client_fallbacks(specs: Iterable[RunSpec]) -> list[str]:
     Two more cases fall back per client and are known only once the data is loaded: a setting with a single
     client, and a client without training nodes (`batched.batched_trainer`)."""
     from gfl_bench.backbones import backbone_class
-    from gfl_bench.batched import TRAINERS
+    from gfl_bench.backbones.base import StackedBackbone  # the backbones whose network batches
 
     named: dict[str, None] = {}
     for spec in specs:
         if not method_class(spec.method).batchable:
             named[spec.method] = None
-        elif not any(issubclass(backbone_class(spec.params.backbone), family) for family in TRAINERS):
+        elif not issubclass(backbone_class(spec.params.backbone), StackedBackbone):
             named[f"{spec.method} ({spec.params.backbone})"] = None
     return list(named)
 
