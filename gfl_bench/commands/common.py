@@ -78,6 +78,20 @@ PartitionFileOption = Annotated[
         "--partition-file", help="A split manifest (`gflbench partitions --export`): run its split, not --partition's."
     ),
 ]
+DatasetOption = Annotated[str, typer.Option("--dataset", "-d", help="Dataset name.")]
+DeviceOption = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
+RunSeedsOption = Annotated[int, typer.Option(help="Run seeds 0..N-1.")]
+FullSeedsOption = Annotated[int, typer.Option(help="Seeds a full cell has; cells with another count are marked (n=k).")]
+DataSeedOption = Annotated[
+    int | None, typer.Option(help="Seed of the split and partition; default the protocol's fixed one.")
+]
+FigureOption = Annotated[Path | None, typer.Option(help="File stem; .png and .pdf are written.")]
+FilterMethodsOption = Annotated[
+    str | None, typer.Option("--method", "-m", help="Only these methods (comma-separated; default every stored one).")
+]
+FilterDatasetsOption = Annotated[
+    str | None, typer.Option("--dataset", "-d", help="Only these datasets (comma-separated).")
+]
 ProtocolOption = Annotated[
     str,
     typer.Option(

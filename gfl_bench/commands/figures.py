@@ -9,7 +9,9 @@ import typer
 
 from gfl_bench.commands.common import (
     AlphaOption,
+    DatasetOption,
     EpochsOption,
+    FigureOption,
     PartitionOption,
     ProtocolOption,
     RoundsOption,
@@ -34,13 +36,13 @@ FIGURES = Path("results") / "figures"
 
 @friendly
 def plot_convergence(
-    dataset: Annotated[str, typer.Option("--dataset", "-d")],
-    partition: Annotated[str, typer.Option("--partition", "--scheme")] = "metis",
+    dataset: DatasetOption,
+    partition: PartitionOption = "metis",
     clients: Annotated[int, typer.Option()] = 10,
     method: Annotated[
         str | None, typer.Option("--method", "-m", help="Methods; default every stored one except the ablations.")
     ] = None,
-    out: Annotated[Path | None, typer.Option(help="File stem; .png and .pdf are written.")] = None,
+    out: FigureOption = None,
     set_: SetOption = None,
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,
@@ -74,10 +76,10 @@ def plot_convergence(
 
 @friendly
 def plot_sensitivity(
-    dataset: Annotated[str, typer.Option("--dataset", "-d")],
-    partition: Annotated[str, typer.Option("--partition", "--scheme")] = "metis",
+    dataset: DatasetOption,
+    partition: PartitionOption = "metis",
     clients: Annotated[int, typer.Option()] = 10,
-    out: Annotated[Path | None, typer.Option(help="File stem; .png and .pdf are written.")] = None,
+    out: FigureOption = None,
     rounds: RoundsOption = None,
     store: StoreOption = DEFAULT_STORE,
 ) -> None:
@@ -97,8 +99,8 @@ def plot_sensitivity(
 
 @friendly
 def plot_case_study(
-    dataset: Annotated[str, typer.Option("--dataset", "-d")],
-    partition: Annotated[str, typer.Option("--partition", "--scheme")] = "metis",
+    dataset: DatasetOption,
+    partition: PartitionOption = "metis",
     clients: Annotated[int, typer.Option()] = 10,
     seed: Annotated[int, typer.Option(help="Run seed of the FedGMC run.")] = 0,
     rounds_: Annotated[str, typer.Option("--at", help="Two snapshot rounds: before,after.")] = "0,99",
@@ -106,7 +108,7 @@ def plot_case_study(
     rounds: RoundsOption = None,
     snapshot_dir: Annotated[Path, typer.Option(help="Where `run --snapshot-rounds` saved them.")] = Path("results")
     / "snapshots",
-    out: Annotated[Path | None, typer.Option(help="File stem; .png and .pdf are written.")] = None,
+    out: FigureOption = None,
 ) -> None:
     """t-SNE of FedGMC's anchors, class means, templates and local structural manifolds at two rounds (Fig. 5)."""
     import torch
@@ -148,7 +150,7 @@ def plot_ranks(
     partition: PartitionOption = "metis",
     alpha: AlphaOption = 0.05,
     selection: SelectionOption = "global",
-    out: Annotated[Path | None, typer.Option(help="File stem; .png and .pdf are written.")] = None,
+    out: FigureOption = None,
     set_: SetOption = None,
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,

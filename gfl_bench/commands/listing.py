@@ -12,6 +12,9 @@ from rich.table import Table
 
 from gfl_bench.commands.common import (
     DataDirOption,
+    DataSeedOption,
+    DatasetOption,
+    PartitionOption,
     ProtocolOption,
     SchemeAlphaOption,
     TunedOption,
@@ -34,10 +37,8 @@ def datasets(data_dir: DataDirOption = None) -> None:
 
 @friendly
 def partitions(
-    dataset: Annotated[str, typer.Option("--dataset", "-d")],
-    scheme: Annotated[
-        str, typer.Option("--scheme", "--partition", help="metis, overlap, louvain or dirichlet (with --alpha).")
-    ] = "metis",
+    dataset: DatasetOption,
+    scheme: PartitionOption = "metis",
     alpha: SchemeAlphaOption = None,
     clients: Annotated[int, typer.Option(help="Number of clients.")] = 10,
     export: Annotated[
@@ -50,9 +51,7 @@ def partitions(
             "--format", "-f", help="terminal, or csv: the heterogeneity statistics per client and summarised."
         ),
     ] = "terminal",
-    data_seed: Annotated[
-        int | None, typer.Option(help="Seed of the split and partition; default the protocol's fixed one.")
-    ] = None,
+    data_seed: DataSeedOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
     """Per-client nodes, edges, split counts, labels and heterogeneity of one partition (docs/protocol.md)."""
@@ -117,7 +116,7 @@ def _or_dash(value: float, spec: str) -> str:
 def methods(
     protocol: ProtocolOption = DEFAULT_PROTOCOL,
     dataset: Annotated[str, typer.Option("--dataset", "-d", help="Setting the values are resolved for.")] = "cora",
-    partition: Annotated[str, typer.Option("--partition", "--scheme")] = "metis",
+    partition: PartitionOption = "metis",
     clients: Annotated[int, typer.Option(help="Client count of that setting.")] = 10,
     tuned_dir: TunedOption = None,
 ) -> None:

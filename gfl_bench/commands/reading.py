@@ -15,6 +15,7 @@ from gfl_bench.commands.common import (
     AlphaOption,
     DataDirOption,
     EpochsOption,
+    FullSeedsOption,
     ParticipationOption,
     PartitionFileOption,
     ProtocolOption,
@@ -60,7 +61,7 @@ def table(
     ] = "metis",
     partition_file: PartitionFileOption = None,
     participation: ParticipationOption = 1.0,
-    seeds: Annotated[int, typer.Option(help="Seeds a full cell has; cells with another count are marked (n=k).")] = 10,
+    seeds: FullSeedsOption = 10,
     selection: SelectionOption = "global",
     value: Annotated[
         str, typer.Option(help="test, or val: the validation values settings are chosen by (never a result).")
@@ -236,7 +237,7 @@ def report(
         str | None,
         typer.Option("--protocol", help="Only this protocol's leaderboard; default one leaderboard per protocol."),
     ] = None,
-    seeds: Annotated[int, typer.Option(help="Seeds a full cell has; cells with another count are marked (n=k).")] = 10,
+    seeds: FullSeedsOption = 10,
     selection: SelectionOption = "global",
     alpha: AlphaOption = 0.05,
     test: TestOption = "t",

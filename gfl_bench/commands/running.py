@@ -16,7 +16,9 @@ from rich.table import Table
 from gfl_bench.commands.common import (
     BatchedOption,
     DataDirOption,
+    DataSeedOption,
     DatasetsOption,
+    DeviceOption,
     EpochsOption,
     MethodsOption,
     ParticipationOption,
@@ -25,6 +27,7 @@ from gfl_bench.commands.common import (
     ProtocolOption,
     RetryOption,
     RoundsOption,
+    RunSeedsOption,
     SchemeAlphaOption,
     SelectionOption,
     SetOption,
@@ -69,8 +72,8 @@ def run(
         str | None, typer.Option(help="Client counts, comma-separated; default the paper's for the scheme.")
     ] = None,
     participation: ParticipationOption = 1.0,
-    seeds: Annotated[int, typer.Option(help="Run seeds 0..N-1.")] = 10,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    seeds: RunSeedsOption = 10,
+    device: DeviceOption = "auto",
     threads: ThreadsOption = 1,
     workers: WorkersOption = 1,
     batched: BatchedOption = False,
@@ -82,9 +85,7 @@ def run(
     protocol: ProtocolOption = DEFAULT_PROTOCOL,
     tuned_dir: TunedOption = None,
     selection: SelectionOption = "global",
-    data_seed: Annotated[
-        int | None, typer.Option(help="Seed of the split and partition; default the protocol's fixed one.")
-    ] = None,
+    data_seed: DataSeedOption = None,
     data_dir: DataDirOption = None,
     store: StoreOption = DEFAULT_STORE,
     force: Annotated[
@@ -153,7 +154,7 @@ def sweep(
     alpha: SchemeAlphaOption = None,
     partition_file: PartitionFileOption = None,
     clients: Annotated[str | None, typer.Option(help="Client counts of an explicit grid.")] = None,
-    seeds: Annotated[int, typer.Option(help="Run seeds 0..N-1.")] = 10,
+    seeds: RunSeedsOption = 10,
     dry_run: Annotated[
         bool, typer.Option(help="List the missing runs and an estimate of their time; run nothing.")
     ] = False,
@@ -167,7 +168,7 @@ def sweep(
             "or auto on a cluster with GPUs; 0 otherwise)."
         ),
     ] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    device: DeviceOption = "auto",
     threads: ThreadsOption = 1,
     batched: BatchedOption = False,
     stack_seeds: StackOption = 1,

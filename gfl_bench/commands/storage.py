@@ -8,6 +8,8 @@ from typing import Annotated
 import typer
 
 from gfl_bench.commands.common import (
+    FilterDatasetsOption,
+    FilterMethodsOption,
     StoreOption,
     _say,
     _some,
@@ -22,10 +24,8 @@ from gfl_bench.store import DEFAULT_STORE, RunStore
 @friendly
 def export(
     out: Annotated[Path, typer.Argument(help="File to write: JSON Lines, gzip-compressed if it ends in .gz.")],
-    method: Annotated[str | None, typer.Option("--method", "-m", help="Only these methods (comma-separated).")] = None,
-    dataset: Annotated[
-        str | None, typer.Option("--dataset", "-d", help="Only these datasets (comma-separated).")
-    ] = None,
+    method: FilterMethodsOption = None,
+    dataset: FilterDatasetsOption = None,
     store: StoreOption = DEFAULT_STORE,
 ) -> None:
     """Write stored runs (whole records: curves, config, provenance) to one file, to move them to another

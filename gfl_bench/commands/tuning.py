@@ -13,6 +13,7 @@ import typer
 from gfl_bench.commands.common import (
     DataDirOption,
     DatasetsOption,
+    DeviceOption,
     EpochsOption,
     MethodsOption,
     PartitionFileOption,
@@ -50,7 +51,7 @@ def tune(
     ] = True,
     rounds: RoundsOption = None,
     local_epochs: EpochsOption = None,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    device: DeviceOption = "auto",
     threads: ThreadsOption = 1,
     tuned_dir: TunedOption = None,
     data_dir: DataDirOption = None,
