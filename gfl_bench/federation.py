@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch_geometric.data import Data
@@ -28,7 +29,7 @@ class FederatedData:
     num_classes: int
     partition: Partition
     graphs: list[Data]
-    prepared: dict[tuple, list[Data]] = field(default_factory=dict)
+    prepared: dict[tuple[Any, ...], list[Data]] = field(default_factory=dict)
     data_fingerprint: str | None = None  # datasets.data_fingerprint of the preprocessed global graph
 
     def on_device(self, params: MethodParams, device: torch.device) -> list[Data]:

@@ -8,6 +8,7 @@ CUDA runs repeatable for a fixed seed.
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -139,12 +140,12 @@ def _bag_product(matrix: Tensor, dense: Tensor) -> Tensor:
 
 class _ConstantSparseProduct(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, weight: Tensor, matrix: ConstantSparse) -> Tensor:
+    def forward(ctx: Any, weight: Tensor, matrix: ConstantSparse) -> Tensor:
         ctx.matrix = matrix
         return _bag_product(matrix.rows, weight.contiguous())
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
         return _bag_product(ctx.matrix.columns, grad.contiguous()), None
 
 
@@ -183,12 +184,12 @@ def _transpose(matrix: Tensor) -> Tensor:
 
 class _OperatorProduct(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, dense: Tensor, matrix: Tensor, transposed: Tensor) -> Tensor:
+    def forward(ctx: Any, dense: Tensor, matrix: Tensor, transposed: Tensor) -> Tensor:
         ctx.transposed = transposed
         return matrix @ dense
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         return ctx.transposed @ grad, None, None
 
 
@@ -240,13 +241,13 @@ class _EdgeDots(torch.autograd.Function):
     forward and backward are several times cheaper than gathering both ends of every edge."""
 
     @staticmethod
-    def forward(ctx, c: Tensor, x: Tensor, ops: EdgeOperators) -> Tensor:
+    def forward(ctx: Any, c: Tensor, x: Tensor, ops: EdgeOperators) -> Tensor:
         ctx.save_for_backward(c, x)
         ctx.ops = ops
         return torch.stack([ops.edge_dots(c[k], x[k]) for k in range(c.shape[0])], dim=1)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
         c, x = ctx.saved_tensors
         ops: EdgeOperators = ctx.ops
         grad_c = torch.stack([ops.matrix(grad[:, k].contiguous()) @ x[k] for k in range(c.shape[0])])
@@ -258,13 +259,13 @@ class _EdgeWeightedSum(torch.autograd.Function):
     """out[k, u] = Σ_{v → u} w[e, k] x[k, v]: one sparse product per factor, [E, K] × [K, N, h] → [K, N, h]."""
 
     @staticmethod
-    def forward(ctx, weights: Tensor, x: Tensor, ops: EdgeOperators) -> Tensor:
+    def forward(ctx: Any, weights: Tensor, x: Tensor, ops: EdgeOperators) -> Tensor:
         ctx.save_for_backward(weights, x)
         ctx.ops = ops
         return torch.stack([ops.matrix(weights[:, k].contiguous()) @ x[k] for k in range(x.shape[0])])
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
         weights, x = ctx.saved_tensors
         ops: EdgeOperators = ctx.ops
         grad = grad.contiguous()

@@ -7,6 +7,7 @@ import platform
 import subprocess
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -52,7 +53,7 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def provenance(device: torch.device) -> dict:
+def provenance(device: torch.device) -> dict[str, Any]:
     return {
         "versions": _versions(),
         "git_commit": git_commit(),

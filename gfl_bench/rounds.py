@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -398,7 +398,7 @@ def _bytes_of(graphs: list[Data]) -> int:
     return total
 
 
-def _save_snapshot(state: dict, path: Path) -> None:
+def _save_snapshot(state: dict[str, Any], path: Path) -> None:
     """Write a server snapshot atomically; the leftovers of a writer killed before its rename are removed
     (named by host and process, as every other file gflbench writes, so a live writer's is kept)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -436,7 +436,7 @@ def _evaluate_global(party: _Party, metric: Callable[[Tensor, Tensor], Tensor]) 
     return torch.stack(val), torch.stack(test)
 
 
-def _evaluate(clients: list, metric: Callable[[Tensor, Tensor], Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+def _evaluate(clients: list[Any], metric: Callable[[Tensor, Tensor], Tensor]) -> tuple[Tensor, Tensor, Tensor]:
     """Per-client validation and test metric of each client's deployable model, and 1.0 if all logits are
     finite (the per-client path; the batched one is `BatchedTraining.evaluate`)."""
     val, test, finite = [], [], []

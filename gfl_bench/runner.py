@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,7 +42,7 @@ def run(
     snapshot_dir: Path | None = None,
     batched: bool = False,
     sparse_features: bool = False,
-) -> dict:
+) -> dict[str, Any]:
     """Train `spec` on `data` and return its record (see gfl_bench/store.py for the fields).
 
     At each round in `snapshot_rounds` the server's `snapshot()` is saved to
@@ -62,7 +63,7 @@ def run_together(
     snapshot_dir: Path | None = None,
     batched: bool = False,
     sparse_features: bool = False,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Train several runs of one configuration that differ in their seed, stacked along a seed axis
     (`rounds.train`), one record each; each equals the one the run gives alone (`run`), up to float
     summation order. The record's `stacked_runs` says how many shared the rounds; `seconds_per_round`
@@ -81,7 +82,7 @@ def run_together(
     return [_record(spec, result, data, device) for spec, result in zip(specs, results)]
 
 
-def _record(spec: RunSpec, result: RunResult, data: FederatedData, device: torch.device) -> dict:
+def _record(spec: RunSpec, result: RunResult, data: FederatedData, device: torch.device) -> dict[str, Any]:
     """The stored record of one finished run (results/README.md lists the fields). A value undefined for
     a client (NaN: no such node, or a ROC-AUC split lacking a class) is null in it: JSON has no NaN."""
     curves = result.curves
@@ -127,7 +128,7 @@ def _record(spec: RunSpec, result: RunResult, data: FederatedData, device: torch
     )
 
 
-def _global_reading(result: RunResult) -> dict:
+def _global_reading(result: RunResult) -> dict[str, Any]:
     """The global (or cluster) model's reading (docs/protocol.md, "Evaluation modes"): its curves, and its
     values at the round with its best client-mean validation value. Null for a method without such a model:
     it has no number there, not a zero."""
@@ -146,7 +147,7 @@ def _global_reading(result: RunResult) -> dict:
     }
 
 
-def _identity(spec: RunSpec) -> dict:
+def _identity(spec: RunSpec) -> dict[str, Any]:
     return {
         "run_key": spec.run_key,
         "config_key": spec.config_key,
@@ -164,7 +165,7 @@ def _identity(spec: RunSpec) -> dict:
     }
 
 
-def failed_record(spec: RunSpec, error: BaseException, device: torch.device, started: float) -> dict:
+def failed_record(spec: RunSpec, error: BaseException, device: torch.device, started: float) -> dict[str, Any]:
     """The record of a run that raised: kept so that tables show the cell as failed, with the reason."""
     return {
         **_identity(spec),

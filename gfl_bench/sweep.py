@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -107,7 +108,7 @@ def estimate(
         same_device = _of_device_type(table, device)
         table = same_device if len(same_device) else table
     rows = []
-    cells: dict[tuple, list[RunSpec]] = {}
+    cells: dict[tuple[Any, ...], list[RunSpec]] = {}
     for spec in specs:
         cells.setdefault((spec.method, spec.dataset, spec.scheme, spec.clients), []).append(spec)
     for (method, dataset, scheme, clients), members in cells.items():

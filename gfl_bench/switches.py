@@ -32,6 +32,6 @@ def fidelity_switch(default: Any, readings: str) -> Any:
     return dataclasses.field(default=default, metadata={KIND: FIDELITY, "readings": readings})
 
 
-def switches(params: Any, kind: str) -> dict[str, dataclasses.Field]:
+def switches(params: Any, kind: str) -> dict[str, dataclasses.Field[Any]]:
     """The fields of a Params class (or instance) declared as switches of `kind`, by name, in field order."""
     return {f.name: f for f in dataclasses.fields(params) if f.metadata.get(KIND) == kind}

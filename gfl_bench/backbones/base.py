@@ -179,7 +179,7 @@ def build_backbone(params: Any, in_dim: int, num_classes: int) -> Backbone:
     return backbone_class(params.backbone).from_params(in_dim, num_classes, params)
 
 
-def prepared_key(params: Any) -> tuple:
+def prepared_key(params: Any) -> tuple[Any, ...]:
     """What a prepared graph depends on: the backbone and the values of its `options`."""
     return (params.backbone, *((name, getattr(params, name, None)) for name in backbone_class(params.backbone).options))
 
