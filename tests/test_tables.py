@@ -251,7 +251,8 @@ def test_table_3_shows_each_graphs_partition_heterogeneity(tmp_path, monkeypatch
     from gfl_bench.partition import DEFAULT_DATA_SEED
 
     # tiny is synthetic, which Table 3 leaves out: here it stands for a loaded graph
-    monkeypatch.setattr(tables, "DATASETS", {"tiny": dataclasses.replace(tables.DATASETS["tiny"], synthetic=False)})
+    tiny = dataclasses.replace(tables.graphs.DATASETS["tiny"], synthetic=False)
+    monkeypatch.setattr(tables.graphs, "DATASETS", {"tiny": tiny})  # read where Table 3 is built
     block = tables.partition_table(tmp_path, "metis", (5, 10), DEFAULT_DATA_SEED)
     cache = DataCache(tmp_path, tmp_path / "partitions")
     assert list(block.text.index) == ["Tiny, 5 clients", "Tiny, 10 clients"]

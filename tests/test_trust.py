@@ -307,7 +307,7 @@ def test_5_a_run_finished_while_the_store_is_locked_is_spooled_and_imports(tmp_p
 
 
 def test_5_ctrl_c_while_waiting_for_the_lock_spools_the_run(tmp_path, monkeypatch, stored):
-    import gfl_bench.store as store_module
+    import gfl_bench.store.database as store_module  # the module RunStore reads these names in
 
     def interrupted(seconds: float) -> None:
         raise KeyboardInterrupt
