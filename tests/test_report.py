@@ -254,7 +254,7 @@ def test_a_fedgmc_cell_shows_its_case_study_or_the_commands_that_make_it(tmp_pat
 def test_the_whole_grid_is_costed_from_the_measured_rounds(tmp_path, monkeypatch):
     """A run's seconds: its rounds × its method's round on its dataset × the method's Cora ratio of its setting;
     a method not timed on a dataset is scaled from FedAvg's round there; stand-ins and bounds are counted apart."""
-    from gfl_bench import report
+    from gfl_bench.report import grid
     from gfl_bench.spec import make_spec
 
     csv = tmp_path / "grid_cost.csv"
@@ -263,11 +263,11 @@ def test_the_whole_grid_is_costed_from_the_measured_rounds(tmp_path, monkeypatch
             ("local", "cora", "metis", 10, 4.0, "lower bound", "real")]  # fmt: skip
     csv.write_text("method,dataset,scheme,clients,device,seconds_per_round,status,graph,machine\n"
                    + "".join(f"{m},{d},{s},{c},cpu,{t},{st},{g},here\n" for m, d, s, c, t, st, g in rows))  # fmt: skip
-    monkeypatch.setattr(report, "grid_cost_csv", lambda: csv)
+    monkeypatch.setattr(grid, "grid_cost_csv", lambda: csv)
     specs = [make_spec("fedgmc", "cora", "metis", 5, 0, {}), make_spec("fedgmc", "pubmed", "metis", 10, 0, {}),
              make_spec("local", "pubmed", "metis", 10, 0, {}), make_spec("fedavg", "citeseer", "metis", 10, 0, {})]  # fmt: skip
     keyed = {s.run_key: s for s in specs}
-    whole = report.whole_grid_cost({"T": keyed}, keyed)
+    whole = grid.whole_grid_cost({"T": keyed}, keyed)
     part = whole["rows"][0]
     # 100 rounds each: 2.0 × (1.0 / 2.0) = 1 s; 3.0 × 2.0 / 1.0 = 6 s (stand-in, scaled); 3.0 × 4.0 / 1.0 = 12 s (bound)
     assert part["runs"] == 4 and part["with_basis"] == 3 and part["bounded"] == 1
