@@ -86,6 +86,10 @@ from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 from torch_geometric.data import Data
 
+# The HCS helpers stay importable from here (`x as x` marks a re-export): tests/test_adafgl.py imports them so.
+from baselines.adafgl_hcs import homophily_confidence
+from baselines.adafgl_hcs import label_propagation as label_propagation
+from baselines.adafgl_hcs import split_train as split_train
 from baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
 from gfl_bench.aggregation import client_weights, load_model_state, weighted_mean
 from gfl_bench.backbones import Backbone
@@ -181,48 +185,6 @@ def phase(index: int, params: AdaFGLParams, rounds: int) -> str:
     branch and trains it) or PERSONALISE (every later round: local training only)."""
     start = first_personal_round(params, rounds)
     return EXTRACT if index < start else ADAPT if index == start else PERSONALISE
-
-
-# ---------------------------------------------------------------------------------------------- HCS
-
-
-def label_propagation(operator: Tensor, start: Tensor, seeds: Tensor, steps: int, alpha: float) -> Tensor:
-    """Y ← α ÂY + (1 − α)Y⁰, then Y[seeds] += Y⁰[seeds], `steps` times (official `init_lp_propagate`).
-
-    operator: Â, sparse [N, N]; start: Y⁰ [N, C]; seeds: bool [N].
-    """
-    reinforce = start * seeds.unsqueeze(1).to(start.dtype)
-    y = start
-    for _ in range(steps):
-        y = alpha * torch.sparse.mm(operator, y) + (1 - alpha) * start + reinforce
-    return y
-
-
-def split_train(train_index: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """A random half of the training nodes as LP seeds (⌊n/2⌋) and the rest held out."""
-    order = train_index[torch.randperm(train_index.numel(), generator=generator).to(train_index.device)]
-    half = train_index.numel() // 2
-    return order[:half], order[half:]
-
-
-def homophily_confidence(
-    operator: Tensor,
-    y: Tensor,
-    train_index: Tensor,
-    num_classes: int,
-    steps: int,
-    alpha: float,
-    generator: torch.Generator,
-) -> Tensor:
-    """HCS: accuracy of label propagation from half of the training labels on the other half (NaN if none held out)."""
-    seeds, held = split_train(train_index, generator)
-    n = y.shape[0]
-    start = torch.full((n, num_classes), 1.0 / num_classes, device=y.device)
-    start[seeds] = F.one_hot(y[seeds], num_classes).to(start.dtype)
-    seed_mask = torch.zeros(n, dtype=torch.bool, device=y.device)
-    seed_mask[seeds] = True
-    propagated = label_propagation(operator, start, seed_mask, steps, alpha)
-    return (propagated[held].argmax(dim=1) == y[held]).float().mean()
 
 
 # ------------------------------------------------------------------------------ topology refinement
