@@ -108,13 +108,21 @@ def test_procrustes_ignores_absent_classes() -> None:
 
 
 def test_procrustes_batches_over_clients() -> None:
-    """Stacked problems (the batched path's `solve_together`) give each problem's own rotation."""
+    """Stacked problems (the batched path's `group_step`) give each problem's own rotation, on the part of R
+    that is determined: R p_c and Rᵀ δ_c of the present classes, which is all FedGMC computes with it.
+
+    With absent classes the singular vectors of zero singular value are any basis of their complement,
+    and which one LAPACK returns depends on the call (batched or not) and the CPU's kernels; a CI machine
+    with other kernels gave another U_k V_kᵀ on those columns while every R p_c agreed. So the full
+    product is not compared."""
     cases = [procrustes_case(absent=absent) for absent in [(), (1, 3), (0,)]]
     cases[1] = (cases[1][0], cases[1][1] * 3 + 1, cases[1][2])  # not the same means in every problem
     lefts, rights = procrustes(*(torch.stack([case[i] for case in cases]) for i in (1, 0, 2)))
     for (anchors, means, present), left, right in zip(cases, lefts, rights):
         alone_left, alone_right = procrustes(means, anchors, present)
-        assert torch.allclose(left @ right.T, alone_left @ alone_right.T, atol=1e-10)
+        p, delta = means[present], anchors[present]  # rows
+        assert torch.allclose(p @ right @ left.T, p @ alone_right @ alone_left.T, atol=1e-10)  # (R p_c)ᵀ
+        assert torch.allclose(delta @ left @ right.T, delta @ alone_left @ alone_right.T, atol=1e-10)  # (Rᵀ δ_c)ᵀ
 
 
 def test_procrustes_preserves_pairwise_distances_lemma_a6() -> None:
