@@ -66,6 +66,14 @@ def table(
     value: Annotated[
         str, typer.Option(help="test, or val: the validation values settings are chosen by (never a result).")
     ] = "test",
+    evaluate: Annotated[
+        str,
+        typer.Option(
+            help="personalised: each client's model after local training; global: the global or cluster model each "
+            "client starts a round from, before local training ('no global model' where a method has none). "
+            "docs/protocol.md, 'Evaluation modes'."
+        ),
+    ] = "personalised",
     alpha: AlphaOption = 0.05,
     test: TestOption = "t",
     set_: SetOption = None,
@@ -92,6 +100,7 @@ def table(
     tables.check_format(fmt)
     tables.check_rule(selection)
     tables.check_value(value)
+    tables.check_evaluation(evaluate, selection)
     numbers = _table_numbers(number)
     chosen_datasets = split_list(dataset, "datasets") if dataset else None
     for d in chosen_datasets or []:
@@ -112,7 +121,7 @@ def table(
     if frame is not None:
         executions = _stored_runs(store, every_execution=True)  # for the cells' execution bands
         sel = tables.Selection(frame, overrides, rounds, local_epochs, seeds, selection, protocol, tuned_dir, value,
-                               executions, participation)  # fmt: skip
+                               executions, participation, evaluate)  # fmt: skip
     rendered = []
     for n in numbers if not (number is None and chosen_datasets) else [0]:
         if n == 0:
@@ -144,7 +153,10 @@ def table(
                 tables.results_table(n, sel, rows, titles, chosen_datasets, test=paired),
                 tables.CAPTIONS[n],
             )
-        if n != 3 and not any((b.values.notna().any().any() or (b.text == "failed").any().any()) for b in blocks):
+        if n != 3 and not any(
+            (b.values.notna().any().any() or b.text.isin(["failed", tables.NO_GLOBAL_MODEL]).any().any())
+            for b in blocks
+        ):
             continue
         if selection != "global" and n not in (3, 7):
             caption = caption.rstrip(".") + (
@@ -154,7 +166,7 @@ def table(
         if value == "val" and n not in (3, 7):
             caption = caption.rstrip(".") + ". Values: VALIDATION (for choosing settings; not a result)."
         if n != 3:
-            caption = sel.caption(caption)
+            caption = sel.caption(caption, reading=n != 7)
         rendered.append(tables.render(blocks, caption, fmt))
     if not rendered:
         if frame is None or not len(frame):

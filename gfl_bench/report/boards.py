@@ -50,7 +50,9 @@ def board(site: Site, sel: tables.Selection, number: int | tuple[str, tuple[str,
             f"Datasets in no paper table ({', '.join(datasets)}), {scheme_words(scheme)} partitioning.",
             0,
         )
-    if not any(b.values.notna().any().any() or (b.text == "failed").any().any() for b in blocks):
+    if not any(
+        b.values.notna().any().any() or b.text.isin(["failed", tables.NO_GLOBAL_MODEL]).any().any() for b in blocks
+    ):
         return None
     caption = sel.caption(caption)
     if sel.rule != "global":

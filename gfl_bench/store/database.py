@@ -237,7 +237,8 @@ class RunStore:
     def frame(self, every_execution: bool = False) -> pd.DataFrame:
         """The summary columns of every stored run, one row each (the execution tables read, `_first`; every
         execution of it with `every_execution`), plus each record's peak memory (NaN where a record has none)
-        read from the record itself, so that no stored row changes.
+        and global reading (`global_val`, `global_test`, `global_recorded`) read from the record itself, so
+        that no stored row changes.
 
         `non_finite` marks a record written before records were strict JSON, with NaN tokens in it (a
         client without the nodes a metric needs): SQLite's JSON functions reject such text, so it is
@@ -246,9 +247,18 @@ class RunStore:
 
         strict = "json_valid(record)"
         peak = f"CASE WHEN {strict} THEN json_extract(record, '$.peak_memory_bytes') END AS peak_memory_bytes"
-        query = f"SELECT {', '.join(_COLUMNS)}, {peak}, NOT {strict} AS non_finite FROM runs"
+        # The global model's reading (docs/protocol.md, "Evaluation modes"); `global_recorded`: the record has
+        # the field, null included (a method without a global model), unlike a record written before it existed.
+        reading = ", ".join(
+            f"CASE WHEN {strict} THEN json_extract(record, '$.{c}') END AS {c}" for c in ("global_val", "global_test")
+        )
+        recorded = (
+            f"CASE WHEN {strict} THEN json_type(record, '$.global_test') IS NOT NULL ELSE 0 END AS global_recorded"
+        )
+        query = f"SELECT {', '.join(_COLUMNS)}, {peak}, {reading}, {recorded}, NOT {strict} AS non_finite FROM runs"
         frame = pd.read_sql_query(query, self._db)
         frame["non_finite"] = frame["non_finite"].astype(bool)
+        frame["global_recorded"] = frame["global_recorded"].astype(bool)
         if every_execution or frame.empty:
             return frame
         rank = frame["execution_key"].map(execution_rank)

@@ -17,6 +17,7 @@ class Cell:
     std: float
     n: int  # finished runs
     failed: int  # failed runs
+    note: str = ""  # shown instead of a number where the cell has runs but no value to show (n = 0, not failed)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,12 @@ TIME_DATASETS = ("cora", "roman-empire")
 # test value at its own best validation round, then the client mean (FedICI's released code).
 SELECTION_RULES = {"global": "", "per-client": "_client_best"}
 VALUES = ("test", "val")  # what a cell shows: the test value, or the validation value that chose it
+# Which model a cell reads (docs/protocol.md, "Evaluation modes"), as a table's caption names it.
+EVALUATIONS = {
+    "personalised": "each client's own model right after its local training",
+    "global": "the global or cluster model each client starts a round from, before local training",
+}
+NO_GLOBAL_MODEL = "no global model"  # a cell under --evaluate global whose method has none (its records say null)
 
 _HETERO_METRICS = (
     "Accuracy (%) for Roman-empire and Amazon-ratings, ROC-AUC (%) for Minesweeper, Tolokers and Questions."
@@ -56,6 +62,16 @@ def method_order(names: Sequence[str]) -> list[str]:
 def check_rule(rule: str) -> None:
     if rule not in SELECTION_RULES:
         raise UserError(f"unknown selection rule {rule!r}; choose from {', '.join(SELECTION_RULES)}")
+
+
+def check_evaluation(evaluate: str, rule: str) -> None:
+    """`--evaluate`: a known mode; the global reading has one selection rule (its own best client-mean
+    validation round: records store no per-client selection of it)."""
+    if evaluate not in EVALUATIONS:
+        raise UserError(f"unknown evaluation mode {evaluate!r}; choose from {', '.join(EVALUATIONS)}")
+    if evaluate == "global" and rule != "global":
+        raise UserError("--evaluate global is read at the global model's best client-mean validation round only; "
+                        "use it with --selection global")  # fmt: skip
 
 
 def rule_overrides(method: str, rule: str, overrides: Mapping[str, str]) -> dict[str, str]:

@@ -17,7 +17,7 @@ from gfl_bench.protocol import DEFAULT_PROTOCOL, PROTOCOLS, MissingTuning, hyper
 from gfl_bench.records import run_key_of
 from gfl_bench.spec import RunSpec, execution_variants, make_spec
 from gfl_bench.tables.blocks import Band, Cell
-from gfl_bench.tables.catalog import SELECTION_RULES, rule_overrides
+from gfl_bench.tables.catalog import EVALUATIONS, NO_GLOBAL_MODEL, SELECTION_RULES, check_evaluation, rule_overrides
 
 
 def _at_participation(runs: pd.DataFrame, participation: float) -> pd.DataFrame:
@@ -49,6 +49,19 @@ class Selection:
     # The fraction of clients sampled per round the runs used (`--participation`; docs/protocol.md): it shares
     # the configuration key, so cells keep the runs whose run key is their configuration's at this fraction.
     participation: float = 1.0
+    # Which model's reading the cells show (`--evaluate`; docs/protocol.md, "Evaluation modes"): personalised
+    # (each client's model after local training) or global (the global or cluster model before it).
+    evaluate: str = "personalised"
+
+    def __post_init__(self) -> None:
+        check_evaluation(self.evaluate, self.rule)
+
+    def _column(self, column: str | None = None) -> str:
+        """The store column a cell reads: `column`, or the shown value under the evaluation mode and rule."""
+        column = column or self.value
+        if column not in ("test", "val"):
+            return column
+        return f"global_{column}" if self.evaluate == "global" else column + SELECTION_RULES[self.rule]
 
     def spec_of(self, method: str, dataset: str, scheme: str, clients: int) -> RunSpec | None:
         """Seed 0's spec of one cell under the selected protocol; None where `fair` has no tuned values."""
@@ -79,9 +92,7 @@ class Selection:
         """One cell's finished runs' values indexed by seed (percent; s or MB for the cost columns), what tests
         pair on; None where the store predates the column."""
         chosen = self.runs_of(method, dataset, scheme, clients)
-        column = column or self.value
-        if column in ("test", "val"):
-            column += SELECTION_RULES[self.rule]
+        column = self._column(column)
         if column not in chosen:
             return None
         ok = chosen[chosen["status"] == "ok"].dropna(subset=[column])
@@ -99,7 +110,7 @@ class Selection:
         if runs is None or runs.empty or spec is None:
             return None
         variants = execution_variants(spec)
-        column = self.value + SELECTION_RULES[self.rule]
+        column = self._column()
         chosen = runs[runs["config_key"].isin(list(variants)) & (runs["method"] == method) & (runs["status"] == "ok")
                       & (runs["dataset"] == dataset) & (runs["scheme"] == scheme) & (runs["clients"] == clients)]  # fmt: skip
         chosen = _at_participation(chosen, self.participation)
@@ -123,17 +134,27 @@ class Selection:
         if ok is None:  # a store written before the column existed
             return None
         failed = int((chosen["status"] == "failed").sum())
+        if ok.empty and self._has_no_global_model(chosen, column):
+            return Cell(math.nan, math.nan, 0, failed, note=NO_GLOBAL_MODEL)
         if ok.empty and not failed:
             return None
         if ok.empty:
             return Cell(math.nan, math.nan, 0, failed)
         return Cell(float(ok.mean()), float(ok.std(ddof=0)), len(ok), failed)
 
+    def _has_no_global_model(self, chosen: pd.DataFrame, column: str | None) -> bool:
+        """Under --evaluate global, whether the cell's finished runs recorded a global reading and it was null:
+        the method has no global model. Runs stored before records carried the reading leave the cell empty."""
+        if self.evaluate != "global" or self._column(column) not in ("global_test", "global_val"):
+            return False
+        finished = chosen[chosen["status"] == "ok"]
+        return "global_recorded" in finished and bool(finished["global_recorded"].astype(bool).any())
+
     def format(self, cell: Cell | None, decimals: int = 2, with_std: bool = True) -> str:
         if cell is None:
             return ""
         if cell.n == 0:
-            return "failed"
+            return cell.note or "failed"
         text = f"{cell.mean:.{decimals}f}" + (f"±{cell.std:.{decimals}f}" if with_std else "")
         notes = []
         if cell.n != self.expected_seeds:  # fewer or more seeds than the table asks for
@@ -142,11 +163,14 @@ class Selection:
             notes.append(f"{cell.failed} failed")
         return f"{text} ({', '.join(notes)})" if notes else text
 
-    def caption(self, text: str) -> str:
-        """A table caption that states the protocol and where the hyperparameters came from."""
+    def caption(self, text: str, reading: bool = True) -> str:
+        """A table caption that states the protocol, where the hyperparameters came from and, for a table of
+        results (`reading`; not Table 7's seconds), which model's reading its cells show."""
         extra = "; with --set " + " ".join(
             f"{m}.{k}={v}" for m, values in sorted(self.overrides.items()) for k, v in sorted(values.items())
         ) if any(self.overrides.values()) else ""  # fmt: skip
+        if reading:
+            text = f"{text.rstrip('.')}. Evaluation: {self.evaluate} ({EVALUATIONS[self.evaluate]})"
         if self.participation != 1:
             text = f"{text.rstrip('.')}, participation F = {self.participation:g} (⌈F·M⌉ clients sampled per round)"
         return (f"{text.rstrip('.')}. Protocol: {self.protocol} ({PROTOCOLS[self.protocol]}); "
