@@ -299,5 +299,5 @@ def report(
         else:
             runs = RunStore(store, _say)
         with runs:
-            written = site.build(runs, out, options, force)
+            written = site.build(runs, out, options, force, _say)
     console.print(f"wrote {len(written)} files to {out}; open {out / 'index.html'}", soft_wrap=True)

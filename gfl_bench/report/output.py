@@ -8,7 +8,7 @@ import datetime
 import json
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -71,8 +71,11 @@ def check_out(out: Path, force: bool) -> list[str]:
     return [name for name in written if isinstance(name, str)]
 
 
-def build(runs: RunStore, out: Path, options: Options, force: bool = False) -> list[Path]:
-    """Write the site for every stored run into `out`; returns the files written."""
+def build(
+    runs: RunStore, out: Path, options: Options, force: bool = False, say: Callable[[str], None] = lambda _: None
+) -> list[Path]:
+    """Write the site for every stored run into `out`; returns the files written. `say` hears each partition
+    whose statistics could not be remade here, so a site built without the data does not pass unnoticed."""
     previous = check_out(out, force)
     # in run-key order, not the store's insertion order: a store and the records exported from it give one site
     frame = runs.frame().sort_values("run_key", ignore_index=True)
@@ -100,7 +103,7 @@ def build(runs: RunStore, out: Path, options: Options, force: bool = False) -> l
         plt.rc_context({"svg.fonttype": "none"}),
     ):
         staged = Path(folder)
-        files = _render(Site(staged, runs, frame, options), protocols, when, len(frame))
+        files = _render(Site(staged, runs, frame, options), protocols, when, len(frame), say)
         for name in previous:  # a previous report's files: this build writes its own set
             path = out / name
             if path.is_file() and path.resolve().is_relative_to(out.resolve()):
@@ -112,7 +115,9 @@ def build(runs: RunStore, out: Path, options: Options, force: bool = False) -> l
     return [out / path.relative_to(staged) for path in files]
 
 
-def _render(staging: Site, protocols: Sequence[str], when: datetime.datetime, runs: int) -> list[Path]:
+def _render(
+    staging: Site, protocols: Sequence[str], when: datetime.datetime, runs: int, say: Callable[[str], None]
+) -> list[Path]:
     """Every file of the site, written under the staging folder; the marker last."""
     pages = [protocol_page(staging, p) for p in protocols]
     shown = {key for page in pages for key in page["run_keys"]}
@@ -131,7 +136,7 @@ def _render(staging: Site, protocols: Sequence[str], when: datetime.datetime, ru
         "other": other_configurations(staging, shown),
         "reproducibility": reproducibility(staging, shown),
         "grid": grid_cost(staging),
-        "partitions": partitions(staging, shown),
+        "partitions": partitions(staging, shown, say),
         "not_built": NOT_BUILT,
         "sources": SOURCES,
         "harness": HARNESS_VERSION,

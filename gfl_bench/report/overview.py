@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import shlex
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -61,11 +61,11 @@ def reproducibility(site: Site, shown: set[str]) -> dict[str, Any]:
     }
 
 
-def partitions(site: Site, shown: set[str]) -> list[dict[str, Any]]:
+def partitions(site: Site, shown: set[str], say: Callable[[str], None]) -> list[dict[str, Any]]:
     """Every partition the shown runs trained on, with its heterogeneity (`heterogeneity.setting_summary`).
     Records hold no node assignment, so it is remade from the data (cached as `gflbench run` caches it) and
     shown only when its hash is the runs'; where the data is absent here, or the remade partition differs,
-    the row says so instead of showing numbers that may not be the runs' partition."""
+    the row says so instead of showing numbers that may not be the runs' partition, and `say` hears it."""
     from gfl_bench import heterogeneity
     from gfl_bench.datasets import default_data_dir
     from gfl_bench.runner import DataCache
@@ -82,11 +82,12 @@ def partitions(site: Site, shown: set[str]) -> list[dict[str, Any]]:
             data = cache.federated(dataset, scheme, clients, data_seed)
         except (UserError, OSError) as error:  # the dataset is not on this machine (no download here)
             rows.append({**row, "absent": f"not recomputed: {error}"})
+            say(f"{dataset} {scheme} {clients} clients: partition statistics not recomputed: {error}")
             continue
         if digest is not None and data.partition.digest() != digest:
-            rows.append(
-                {**row, "absent": f"the partition remade here has hash {data.partition.digest()}, not the runs'"}
-            )
+            differs = f"the partition remade here has hash {data.partition.digest()}, not the runs'"
+            rows.append({**row, "absent": differs})
+            say(f"{dataset} {scheme} {clients} clients: {differs}")
             continue
         summary = heterogeneity.setting_summary(cache.graph(dataset), data.graphs)
         rows.append({**row, **{name: f"{value:+.3f}" if name == "homophily_gap" else f"{value:.3f}"
