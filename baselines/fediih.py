@@ -123,7 +123,7 @@ class FedIIHParams(MethodParams):
     # ours: sampled pairs per edge for the reconstruction's non-edge term (the code: all N² pairs); not searched
     negative_ratio: float = 1.0
     # The routing's arithmetic (gfl_bench.backbones.neighbourhood_routing): "gather" (edge gathers) or
-    # "sparse" (sampled and CSR products, 5x faster per Minesweeper round on a CPU). Same math, different
+    # "sparse" (sampled and CSR products, faster on a CPU: docs/baselines/fediih.md, "Cost"). Same math, different
     # float rounding, which FedIIH's first round amplifies: an execution switch (gfl_bench/switches.py),
     # in the run key because the stored sparse runs were keyed with it; tables show the spread it makes.
     routing_kernel: str = execution_switch("gather", ROUTING_KERNELS)

@@ -20,8 +20,9 @@ def model_state(model: nn.Module, exclude_prefix: str | None = None) -> dict[str
 def load_model_state(model: nn.Module, state: dict[str, Tensor]) -> None:
     """Copy `state` into the model in place (optimiser state keeps pointing at the same tensors).
 
-    A direct copy into the named parameters and buffers: `load_state_dict` spends about 1 ms of key
-    matching per call, which is every client's every round (a fifth of a batched Cora-20 round)."""
+    A direct copy into the named parameters and buffers: `load_state_dict`'s key matching per call,
+    every client's every round, was a noticeable share of a batched round (docs/results.md,
+    "Measurements behind design choices")."""
     targets: dict[str, Tensor] = dict(model.named_parameters())
     targets.update(model.named_buffers())
     unexpected = state.keys() - targets.keys()
@@ -64,8 +65,8 @@ def mixtures(states: Sequence[dict[str, Tensor]], mix: Tensor) -> list[dict[str,
 
 
 # Elements per upload in one pass of `_mix_flat` on a CPU: the [M, chunk] float64 block then stays in
-# cache between the stack and the product (20 Cora uploads of 1433 × 128: 17.7 -> 9.7 ms per key,
-# same numbers); a GPU takes each key in one pass.
+# cache between the stack and the product (same numbers, about half the time per key: docs/results.md,
+# "Measurements behind design choices"); a GPU takes each key in one pass.
 MIX_CHUNK = 8192
 
 

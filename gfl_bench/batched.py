@@ -21,8 +21,8 @@ FED-PUB's masked GCN, GraphSAGE, H2GCN), the executor
 
 Why a packed pass rather than torch.func's `stack_module_state` + `functional_call` + `vmap` over the
 clients' own forwards: vmap cannot batch sparse CSR products, so each client's graph would enter dense
-and padded, and at Cora METIS-20's sizes that forward + backward took 88 ms against the packed pass's
-25 ms (`python bench/stacking_idioms.py`, shared 2-core VM at load 4.7, one thread).
+and padded, several times slower than the packed pass (`bench/stacking_idioms.py`; the figures are in
+docs/results.md, "Measurements behind design choices").
 
 Which products the packed pass uses (its choice alone; the network only names them):
 - The first layer is one sparse product of the features with the stacked weights `[M·F, h]` (only
@@ -35,10 +35,8 @@ Which products the packed pass uses (its choice alone; the network only names th
   clients see `[h, F]` transposed views, as `nn.Linear` expects. Stored as the clients hold them,
   the first layer would copy the weights forward and back at every step. Nothing above the executor
   depends on the layout for its numbers; aggregation stacks the uploads in their own memory order
-  (`aggregation.memory_order`), which keeps its copies sequential. `python bench/first_layer_layout.py`
-  at Cora METIS-20's sizes (shared 2-core VM, load 6.5): the first layer's forward + backward 47 ms
-  input-major, 159 ms in the clients' layout; FedAvg of its uploads 54 ms in memory order, 111 ms
-  without (so the layout stays where it is, and `memory_order` with it).
+  (`aggregation.memory_order`), which keeps its copies sequential. Both pay about 2-3× at Cora
+  METIS-20's sizes (`bench/first_layer_layout.py`; docs/results.md, "Measurements behind design choices").
 
 Further:
 - The clients may belong to several runs of one configuration (seeds stacked by
@@ -85,7 +83,8 @@ from gfl_bench.randomness import RunRandomness, SharedRandomness
 from gfl_bench.training import TrainingClient
 
 # Features at least this full are multiplied dense: an embedding bag spends several times a BLAS
-# multiply-add per non-zero (dense features: 2-6x slower than `bmm`; 1.3 % full Cora-like: 15x faster).
+# multiply-add per non-zero, so it wins only on sparse features (docs/results.md, "Measurements behind
+# design choices").
 DENSE_SHARE = 0.25
 
 
@@ -176,8 +175,8 @@ class PackedPass:
         """One block-diagonal `[M·N, M·N]` sparse operator, or the clients' own operators when any is dense.
 
         A dense block (a clustered client's 2-hop ring, `graph_ops.dense_if_no_larger`) would lose its
-        dense product inside a sparse block-diagonal: on Tolokers METIS-5 that made the batched FedGMC
-        round 7× slower than the per-client one. Such operators are applied client by client instead.
+        dense product inside a sparse block-diagonal (on Tolokers METIS-5 the batched FedGMC round became
+        several times slower than the per-client one). Such operators are applied client by client instead.
         """
         if any(block.layout == torch.strided for block in blocks):
             return blocks

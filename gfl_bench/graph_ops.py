@@ -100,7 +100,8 @@ def dense_if_no_larger(matrix: Tensor) -> Tensor:
 
     Strict 2-hop rings fill a clustered client: on Tolokers METIS-5 they cover 36-66 % of N×N, where
     CSR stores 12 bytes per non-zero against a dense 4 bytes per entry, and its product (with the
-    backward) is 6-14× slower than the dense one (bench/h2gcn_operators.py). Above one third full,
+    backward) is several times slower than the dense one (bench/h2gcn_operators.py; docs/results.md,
+    "Measurements behind design choices"). Above one third full,
     dense is both smaller and faster; below, the operator stays sparse, so no client ever holds a
     dense N×N matrix bigger than the sparse one it replaces. Products use `@`, which takes either.
     """
@@ -117,8 +118,8 @@ class ConstantSparse:
     `S @ W` goes through `F.embedding_bag` in sum mode with the non-zeros as per-sample weights: row r
     of the product is Σ_c S[r, c] W[c], a bag over row r's non-zeros. The gradient Sᵀ G is the same
     kind of bag over a CSR copy of Sᵀ made once here. Both directions are gathers without atomics, and
-    on a CPU the pair is about 2.5× torch's CSR product with its autograd (bench notes in
-    docs/results.md, "batched clients").
+    on a CPU the pair is faster than torch's CSR product with its autograd (docs/results.md,
+    "Measurements behind design choices").
     """
 
     def __init__(self, matrix: Tensor) -> None:

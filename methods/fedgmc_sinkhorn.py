@@ -52,8 +52,8 @@ def sinkhorn_assignments(costs: Tensor, reg: float, relative: bool = True) -> Te
     """The balanced `sinkhorn_assignment` of R problems at once, costs [R, B, Q] -> F [R, B, Q].
 
     POT's batched Sinkhorn (`ot.solve_batch`) runs one iteration for all R problems, so its NumPy call
-    overhead, which is the cost of a 64×10 solve, is paid once instead of R times (2.3-4.3× faster for
-    10-50 clients on a CPU, bench/sinkhorn_batch.py). It stops when the worst problem's marginal error is below the
+    overhead, which is the cost of a 64×10 solve, is paid once instead of R times (bench/sinkhorn_batch.py;
+    docs/results.md, "Measurements behind design choices"). It stops when the worst problem's marginal error is below the
     same 1e-6 as `sinkhorn_assignment`, so each plan is at least as converged as when solved alone and
     differs from it by less than the tolerance (tests/test_fedgmc.py).
     """
