@@ -35,7 +35,7 @@ Which products the packed pass uses (its choice alone; the network only names th
   clients see `[h, F]` transposed views, as `nn.Linear` expects. Stored as the clients hold them,
   the first layer would copy the weights forward and back at every step. Nothing above the executor
   depends on the layout for its numbers; aggregation stacks the uploads in their own memory order
-  (`aggregation.memory_order`), which keeps its copies sequential. Both pay about 2-3× at Cora
+  (`aggregation.memory_order`), which keeps its copies sequential. Both pay two- to threefold at Cora
   METIS-20's sizes (`bench/first_layer_layout.py`; docs/results.md, "Measurements behind design choices").
 
 Further:

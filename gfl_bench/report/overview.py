@@ -81,13 +81,13 @@ def partitions(site: Site, shown: set[str], say: Callable[[str], None]) -> list[
         try:
             data = cache.federated(dataset, scheme, clients, data_seed)
         except (UserError, OSError) as error:  # the dataset is not on this machine (no download here)
-            rows.append({**row, "absent": f"not recomputed: {error}"})
-            say(f"{dataset} {scheme} {clients} clients: partition statistics not recomputed: {error}")
-            continue
-        if digest is not None and data.partition.digest() != digest:
-            differs = f"the partition remade here has hash {data.partition.digest()}, not the runs'"
-            rows.append({**row, "absent": differs})
-            say(f"{dataset} {scheme} {clients} clients: {differs}")
+            absent = f"not recomputed: {error}"
+        else:
+            remade = data.partition.digest()
+            absent = "" if digest in (None, remade) else f"the partition remade here has hash {remade}, not the runs'"
+        if absent:
+            rows.append({**row, "absent": absent})
+            say(f"{dataset} {scheme} {clients} clients: {absent}")
             continue
         summary = heterogeneity.setting_summary(cache.graph(dataset), data.graphs)
         rows.append({**row, **{name: f"{value:+.3f}" if name == "homophily_gap" else f"{value:.3f}"
