@@ -86,17 +86,17 @@ from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 from torch_geometric.data import Data
 
+from gflbench.backbones import Backbone
+from gflbench.backbones.dropout import dropout
+from gflbench.backbones.graph_ops import binary_adjacency, gcn_adjacency
+
 # The HCS helpers stay importable from here (`x as x` marks a re-export): tests/test_adafgl.py imports them so.
-from baselines.adafgl_hcs import homophily_confidence
-from baselines.adafgl_hcs import label_propagation as label_propagation
-from baselines.adafgl_hcs import split_train as split_train
-from baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
-from gfl_bench.aggregation import client_weights, load_model_state, weighted_mean
-from gfl_bench.backbones import Backbone
-from gfl_bench.dropout import dropout
-from gfl_bench.errors import UserError
-from gfl_bench.graph_ops import binary_adjacency, gcn_adjacency
-from gfl_bench.method import (
+from gflbench.baselines.adafgl_hcs import homophily_confidence
+from gflbench.baselines.adafgl_hcs import label_propagation as label_propagation
+from gflbench.baselines.adafgl_hcs import split_train as split_train
+from gflbench.baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
+from gflbench.core.aggregation import client_weights, load_model_state, weighted_mean
+from gflbench.core.method import (
     BACKBONE_SEARCH_SPACE,
     SHARED_SEARCH_SPACE,
     Message,
@@ -111,8 +111,9 @@ from gfl_bench.method import (
     positive,
     unit_interval,
 )
-from gfl_bench.metrics import accuracy, roc_auc
-from gfl_bench.switches import fidelity_switch
+from gflbench.core.metrics import accuracy, roc_auc
+from gflbench.core.switches import fidelity_switch
+from gflbench.errors import UserError
 
 WEIGHTINGS = ("nodes", "train", "uniform")
 FUSIONS = ("branch", "mix")

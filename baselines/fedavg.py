@@ -17,10 +17,18 @@ from dataclasses import dataclass
 
 import torch
 
-from gfl_bench.aggregation import client_weights, load_model_state, model_state, weighted_mean
-from gfl_bench.errors import UserError
-from gfl_bench.method import BACKBONE_SEARCH_SPACE, SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server
-from gfl_bench.training import TrainingClient
+from gflbench.core.aggregation import client_weights, load_model_state, model_state, weighted_mean
+from gflbench.core.method import (
+    BACKBONE_SEARCH_SPACE,
+    SHARED_SEARCH_SPACE,
+    Message,
+    Method,
+    MethodParams,
+    Round,
+    Server,
+)
+from gflbench.core.training import TrainingClient
+from gflbench.errors import UserError
 
 WEIGHTINGS = ("train", "uniform")
 

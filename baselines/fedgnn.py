@@ -54,12 +54,12 @@ from torch import Tensor
 from torch.nn import functional as F
 from torch_geometric.data import Data
 
-from baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
-from gfl_bench.backbones import Backbone
-from gfl_bench.dropout import dropout
-from gfl_bench.errors import UserError
-from gfl_bench.graph_ops import gcn_adjacency
-from gfl_bench.method import SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Setup
+from gflbench.backbones import Backbone
+from gflbench.backbones.dropout import dropout
+from gflbench.backbones.graph_ops import gcn_adjacency
+from gflbench.baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
+from gflbench.core.method import SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Setup
+from gflbench.errors import UserError
 
 MATCHING = Round(0, 0)  # the exchange in which clients upload node hashes and the server matches them
 

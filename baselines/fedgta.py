@@ -6,7 +6,7 @@ Official code `xkLi-Allen/FedGTA`: `federated/fedgta/{fedgta_client,fedgta_serve
 `flcore/fedgta/{client,server,_utils}.py`. Rows = nodes throughout; C classes, N local nodes.
 
 Client i, given its personalised weights θ̃_i (round 0: the common initial model):
-  1. loads θ̃_i, trains `local_epochs` full-batch steps (GAMLP backbone, gfl_bench/backbones.py);
+  1. loads θ̃_i, trains `local_epochs` full-batch steps (GAMLP backbone, gfl_bench/backbones/gamlp.py);
   2. P = softmax(model(G_i)) in eval mode; seeds Y⁰ = one-hot labels on the training nodes and P
      on every other node;
   3. non-parametric label propagation with label reinforcement, K = `lp_steps` times:
@@ -35,7 +35,7 @@ Choices and differences from the official code (docs/baselines/fedgta.md):
   the official 0/0.
 - Width, optimiser and schedule: the Params defaults are the shared protocol values (hidden 128, Adam
   lr 0.01, weight decay 1e-6, dropout 0.5); the `paper` protocol runs the official ones (hidden 64, lr
-  0.01, weight decay 5e-4, dropout 0.5, 3 local epochs, 100 rounds; gfl_bench/presets/fedgta.csv).
+  0.01, weight decay 5e-4, dropout 0.5, 3 local epochs, 100 rounds; gfl_bench/experiments/presets/fedgta.csv).
 - Propagation is a torch sparse product (the official one calls a compiled C helper); same numbers.
 """
 
@@ -50,11 +50,10 @@ from torch import Tensor
 from torch.nn import functional as F
 from torch_geometric.data import Data
 
-from gfl_bench.aggregation import load_model_state, mixtures, model_state
-from gfl_bench.backbones import Backbone
-from gfl_bench.errors import UserError
-from gfl_bench.graph_ops import binary_adjacency, gcn_adjacency
-from gfl_bench.method import (
+from gflbench.backbones import Backbone
+from gflbench.backbones.graph_ops import binary_adjacency, gcn_adjacency
+from gflbench.core.aggregation import load_model_state, mixtures, model_state
+from gflbench.core.method import (
     SHARED_SEARCH_SPACE,
     Bound,
     Message,
@@ -70,7 +69,8 @@ from gfl_bench.method import (
     positive,
     unit_interval,
 )  # fmt: skip
-from gfl_bench.training import TrainingClient
+from gflbench.core.training import TrainingClient
+from gflbench.errors import UserError
 
 MOMENT_TYPES = ("origin", "central", "hybrid")
 

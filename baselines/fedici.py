@@ -7,7 +7,7 @@ Shapes: rows are clients (M), K levels, q principal directions, F features, D = 
 for the concatenation of all levels.
 
   Client i, once: ĥ_i from its training labels; UniFilter homophily bases u_k = Âᵏ X and heterophily
-  bases g_k (k = 1 … K; `gfl_bench.backbones.UniFilter`); the top-q principal directions (centred PCA)
+  bases g_k (k = 1 … K; `gflbench.backbones.UniFilter`); the top-q principal directions (centred PCA)
   of every u_k and g_k, P_i^(k), Q_i^(k) ∈ R^{q×F}, and of the concatenations [u_1 … u_K], [g_1 … g_K],
   P_i, Q_i ∈ R^{q×KF}.
   Client i, each round, given θ̃_i: loads θ̃_i, trains its UniFilter model (Adam with two groups: MLP
@@ -33,7 +33,7 @@ Choices and differences from the official code (docs/baselines/fedici.md):
   as the official code (t_k from the previous mixed basis, `homocal`'s index bug). Bases and subspaces
   depend only on the client graph: computed once (the code recomputes them every round, identically).
 - The `paper` protocol runs the released code's two readings (`graph_rule=code`, `unifilter-code`), which
-  produced the published cells, with `core/config.py`'s values (gfl_bench/presets/fedici.csv); each
+  produced the published cells, with `core/config.py`'s values (gfl_bench/experiments/presets/fedici.csv); each
   reading switches back on its own (`--set fedici.graph_rule=paper`, `--set fedici.backbone=unifilter`).
 - PCA by block subspace iteration (seeded by Setup.seed and the client id) instead of a full SVD: the
   same top-q directions to ~1e-10 on our data, without O(N·D·min(N, D)) work on large clients.
@@ -53,10 +53,9 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from gfl_bench.aggregation import load_model_state, model_state
-from gfl_bench.backbones import UniFilter, backbone_class
-from gfl_bench.errors import UserError
-from gfl_bench.method import (
+from gflbench.backbones import UniFilter, backbone_class
+from gflbench.core.aggregation import load_model_state, model_state
+from gflbench.core.method import (
     SHARED_SEARCH_SPACE,
     Message,
     Method,
@@ -73,8 +72,9 @@ from gfl_bench.method import (
     positive,
     unit_interval,
 )  # fmt: skip
-from gfl_bench.switches import fidelity_switch
-from gfl_bench.training import TrainingClient
+from gflbench.core.switches import fidelity_switch
+from gflbench.core.training import TrainingClient
+from gflbench.errors import UserError
 
 GRAPH_RULES = ("paper", "code")
 FILTER_KEY = "level_weights"  # UniFilter's per-level, per-feature filter weights [K+1, F]

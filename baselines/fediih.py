@@ -3,7 +3,7 @@
 "Modeling Inter-Intra Heterogeneity for Graph Federated Learning". Official code `blgpb/FedIIH`,
 one folder per number of factors K (`FedIIH_{1,2,4,6,8,10}`): `models/nets.py` (DisentangledGNN,
 DisenConv), `models/fedhvae/{client,server}.py`, `main.py::set_config`; the appendix PDF is in the
-repository's history (commit 2a46939). Backbone: `gfl_bench.backbones.DisenGCN` ("disengcn").
+repository's history (commit 2a46939). Backbone: `gflbench.backbones.DisenGCN` ("disengcn").
 Shapes: rows are nodes; K factors of width h; M clients.
 
 Client m, given its personalised weights θ̃_m and the global prior means α̃ = (α̃_1 … α̃_K) [K, h]:
@@ -60,10 +60,9 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch_geometric.data import Data
 
-from gfl_bench.aggregation import load_model_state, model_state
-from gfl_bench.backbones import ROUTING_KERNELS, DisenGCN
-from gfl_bench.errors import UserError
-from gfl_bench.method import (
+from gflbench.backbones import ROUTING_KERNELS, DisenGCN
+from gflbench.core.aggregation import load_model_state, model_state
+from gflbench.core.method import (
     SHARED_SEARCH_SPACE,
     Message,
     Method,
@@ -77,8 +76,9 @@ from gfl_bench.method import (
     log_range,
     positive,
 )  # fmt: skip
-from gfl_bench.switches import execution_switch, fidelity_switch
-from gfl_bench.training import TrainingClient
+from gflbench.core.switches import execution_switch, fidelity_switch
+from gflbench.core.training import TrainingClient
+from gflbench.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -122,9 +122,9 @@ class FedIIHParams(MethodParams):
     elbo_trains_encoder: bool = fidelity_switch(True, "True: the paper's Alg. 1; False: the released code's optimiser")
     # ours: sampled pairs per edge for the reconstruction's non-edge term (the code: all N² pairs); not searched
     negative_ratio: float = 1.0
-    # The routing's arithmetic (gfl_bench.backbones.neighbourhood_routing): "gather" (edge gathers) or
+    # The routing's arithmetic (gflbench.backbones.neighbourhood_routing): "gather" (edge gathers) or
     # "sparse" (sampled and CSR products, faster on a CPU: docs/baselines/fediih.md, "Cost"). Same math, different
-    # float rounding, which FedIIH's first round amplifies: an execution switch (gfl_bench/switches.py),
+    # float rounding, which FedIIH's first round amplifies: an execution switch (gfl_bench/core/switches.py),
     # in the run key because the stored sparse runs were keyed with it; tables show the spread it makes.
     routing_kernel: str = execution_switch("gather", ROUTING_KERNELS)
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
-from gfl_bench.aggregation import model_state
-from gfl_bench.method import Method
+from gflbench.baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
+from gflbench.core.aggregation import model_state
+from gflbench.core.method import Method
 
 
 @dataclass(frozen=True)

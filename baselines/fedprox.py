@@ -15,9 +15,9 @@ from typing import cast
 
 from torch import Tensor
 
-from baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
-from gfl_bench.method import Message, Method, MethodParams, Round, log_range, non_negative
-from gfl_bench.training import squared_distance
+from gflbench.baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
+from gflbench.core.method import Message, Method, MethodParams, Round, log_range, non_negative
+from gflbench.core.training import squared_distance
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ Choices and differences from the official code (docs/baselines/fedpub.md):
   produced the paper's numbers (with gradients the cells are 4-11 points lower);
   `regularizer_grad=true` is the paper's written objective.
 - τ (`norm_scale`): parser default 10; the `paper` protocol takes the released scripts' 3 for
-  non-overlapping and 5 for overlapping partitions (gfl_bench/presets/fedpub.csv).
+  non-overlapping and 5 for overlapping partitions (gfl_bench/experiments/presets/fedpub.csv).
 - The official client uploads its masks too; the server mixes them and every client discards them
   on load. Here masks never leave the client, which changes nothing but the byte count.
 - The official server also keeps a train-size-weighted global model, used only before the first
@@ -47,10 +47,9 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch_geometric.data import Data
 
-from gfl_bench.aggregation import load_model_state, mixtures, model_state
-from gfl_bench.backbones import GCN, register_backbone
-from gfl_bench.errors import UserError
-from gfl_bench.method import (
+from gflbench.backbones import GCN, register_backbone
+from gflbench.core.aggregation import load_model_state, mixtures, model_state
+from gflbench.core.method import (
     SHARED_SEARCH_SPACE,
     Message,
     Method,
@@ -64,7 +63,8 @@ from gfl_bench.method import (
     positive,
     unit_interval,
 )
-from gfl_bench.training import TrainingClient
+from gflbench.core.training import TrainingClient
+from gflbench.errors import UserError
 
 
 @functools.cache

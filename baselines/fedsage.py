@@ -67,12 +67,11 @@ from torch_geometric.data import Data
 from torch_geometric.nn import SAGEConv
 from torch_geometric.utils import subgraph
 
-from baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
-from gfl_bench.backbones import Backbone, GraphSAGE, backbone_class
-from gfl_bench.dropout import dropout
-from gfl_bench.errors import UserError
-from gfl_bench.graph_ops import binary_adjacency
-from gfl_bench.method import (
+from gflbench.backbones import Backbone, GraphSAGE, backbone_class
+from gflbench.backbones.dropout import dropout
+from gflbench.backbones.graph_ops import binary_adjacency
+from gflbench.baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
+from gflbench.core.method import (
     SHARED_SEARCH_SPACE,
     Message,
     Method,
@@ -85,6 +84,7 @@ from gfl_bench.method import (
     positive,
     unit_interval,
 )
+from gflbench.errors import UserError
 
 
 @dataclass(frozen=True)

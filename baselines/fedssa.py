@@ -5,7 +5,7 @@ method section were readable, so every detail below that the abstract does not s
 Params field, and marked "our guess" in docs/baselines/fedssa.md. Its rows are titled "FedSSA (reimpl.)".
 
 Shapes: rows are nodes. Backbone: UniFilter with per-level, per-feature filter weights w ∈ R^{(K+1)×F}
-(gfl_bench/backbones.py): Z = Σ_k w_k ⊙ b_k over the bases b_k ∈ R^{N×F}, then an MLP whose last layer
+(gfl_bench/backbones/unifilter.py): Z = Σ_k w_k ⊙ b_k over the bases b_k ∈ R^{N×F}, then an MLP whose last layer
 is `classifier`; h_v ∈ R^d is the classifier's input (the latent space of the semantic part).
 
 Client m, given the cluster-level spectral GNN θ̄ of its structural cluster and, from round 1, the
@@ -68,14 +68,13 @@ from torch.nn import functional as F
 from torch_geometric.data import Data
 from torch_geometric.utils import to_scipy_sparse_matrix
 
-from baselines.fedavg import FedAvgParams
-from baselines.fedici import UNIFILTER_CONFIG_SPACE, FedICI
-from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
-from gfl_bench.backbones import Backbone
-from gfl_bench.dropout import dropout
-from gfl_bench.errors import UserError
-from gfl_bench.graph_ops import csr_tensor, symmetric_normalized
-from gfl_bench.method import (
+from gflbench.backbones import Backbone
+from gflbench.backbones.dropout import dropout
+from gflbench.backbones.graph_ops import csr_tensor, symmetric_normalized
+from gflbench.baselines.fedavg import FedAvgParams
+from gflbench.baselines.fedici import UNIFILTER_CONFIG_SPACE, FedICI
+from gflbench.core.aggregation import load_model_state, model_state, weighted_mean
+from gflbench.core.method import (
     SHARED_SEARCH_SPACE,
     Message,
     Method,
@@ -89,8 +88,9 @@ from gfl_bench.method import (
     positive,
     unit_interval,
 )
-from gfl_bench.randomness import seeded
-from gfl_bench.training import TrainingClient
+from gflbench.core.randomness import seeded
+from gflbench.core.training import TrainingClient
+from gflbench.errors import UserError
 
 # ---------------------------------------------------------------------------------------------------
 # Semantic part: class-wise Gaussians, their distances, clusters and cluster-level representatives
@@ -271,7 +271,7 @@ UNIFILTERS = ("unifilter", "unifilter-code")
 @dataclass(frozen=True)
 class FedSSAParams(FedAvgParams):
     """FedSSA's hyperparameters. Backbone values: FedICI's released defaults (same authors' UniFilter code);
-    method values: ours (no value is published). Per-dataset backbone values: `FedSSA.paper_preset` (FedICI's file)."""
+    method values: ours (no value is published). Per-dataset backbone values: `paper_preset_borrowed` (FedICI's file)."""
 
     search_space = {
         **SHARED_SEARCH_SPACE,  # UniFilter is part of the method: no backbone choice
@@ -557,9 +557,7 @@ class FedSSA(Method):
     Params = FedSSAParams
     client = FedSSAClient
     server = FedSSAServer
-
-    @classmethod
-    def paper_preset(cls, dataset: str, scheme: str, clients: int) -> dict[str, str]:
-        """FedICI's released UniFilter values for this setting, from FedICI's preset file (our guess for FedSSA's)."""
-        fedici = FedICI.paper_preset(dataset, scheme, clients)
-        return {key: fedici[key] for key in FEDICI_BACKBONE_FIELDS if key in fedici}
+    paper_preset_borrowed = (
+        FedICI,
+        FEDICI_BACKBONE_FIELDS,
+    )  # FedICI's released UniFilter values: our guess for FedSSA's

@@ -49,7 +49,7 @@ Choices and differences from the official code (docs/baselines/fedtad.md):
 - Backbone: the repository's 2-layer GCN + classifier (paper B.6), not the official GCN without a
   classifier. Training values: the Params defaults are the shared protocol values (hidden 128, weight
   decay 1e-6, one local epoch); the `paper` protocol runs the official ones (hidden 64, lr 0.01, weight
-  decay 5e-4, dropout 0.5, 3 local epochs, 100 rounds; gfl_bench/presets/fedtad.csv).
+  decay 5e-4, dropout 0.5, 3 local epochs, 100 rounds; gfl_bench/experiments/presets/fedtad.csv).
 - Evaluation as every method here (protocol): each client's model right after local training; the
   official code evaluates the broadcast global model, node-count weighted.
 - Seeds: noise, generator initialisation and walk sampling come from Setup.seed (and the client id);
@@ -70,11 +70,10 @@ from torch.nn import functional as F
 from torch_geometric.data import Data
 from torch_geometric.utils import coalesce, to_scipy_sparse_matrix
 
-from baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
-from gfl_bench.aggregation import client_weights, load_model_state, model_state, weighted_mean
-from gfl_bench.backbones import Backbone, backbone_class, build_backbone
-from gfl_bench.errors import UserError
-from gfl_bench.method import (
+from gflbench.backbones import Backbone, backbone_class, build_backbone
+from gflbench.baselines.fedavg import FedAvgClient, FedAvgParams, FedAvgServer
+from gflbench.core.aggregation import client_weights, load_model_state, model_state, weighted_mean
+from gflbench.core.method import (
     BACKBONE_SEARCH_SPACE,
     SHARED_SEARCH_SPACE,
     Message,
@@ -87,6 +86,7 @@ from gfl_bench.method import (
     positive,
     unit_interval,
 )
+from gflbench.errors import UserError
 
 TOPOLOGIES = ("landing", "walk", "code")
 CKR_NORMS = ("clients", "classes")

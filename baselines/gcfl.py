@@ -39,10 +39,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
-from gfl_bench.backbones import Backbone
-from gfl_bench.errors import UserError
-from gfl_bench.method import (
+from gflbench.backbones import Backbone
+from gflbench.core.aggregation import load_model_state, model_state, weighted_mean
+from gflbench.core.method import (
     BACKBONE_SEARCH_SPACE,
     SHARED_SEARCH_SPACE,
     Message,
@@ -55,7 +54,8 @@ from gfl_bench.method import (
     log_range,
     non_negative,
 )
-from gfl_bench.training import TrainingClient
+from gflbench.core.training import TrainingClient
+from gflbench.errors import UserError
 
 VARIANTS = ("gcfl", "gcfl+")
 SHARES = ("convs", "all")

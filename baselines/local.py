@@ -12,8 +12,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gfl_bench.method import BACKBONE_SEARCH_SPACE, SHARED_SEARCH_SPACE, Message, Method, MethodParams, Round, Server
-from gfl_bench.training import TrainingClient
+from gflbench.core.method import (
+    BACKBONE_SEARCH_SPACE,
+    SHARED_SEARCH_SPACE,
+    Message,
+    Method,
+    MethodParams,
+    Round,
+    Server,
+)
+from gflbench.core.training import TrainingClient
 
 
 @dataclass(frozen=True)

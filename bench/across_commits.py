@@ -25,9 +25,16 @@ import statistics
 
 from timing import RoundClock
 
-from gfl_bench.datasets import default_data_dir
-from gfl_bench.runner import DataCache, resolve_device, run
-from gfl_bench.spec import make_spec
+# An older tree's names first: where one is on PYTHONPATH (bench/paired_commits.py), it must win over the
+# `gflbench` namespace, which an editable install of the current tree makes importable everywhere.
+try:
+    from gfl_bench.datasets import default_data_dir  # type: ignore[import-not-found]  # noqa: I001
+    from gfl_bench.runner import DataCache, resolve_device, run  # type: ignore[import-not-found]
+    from gfl_bench.spec import make_spec  # type: ignore[import-not-found]
+except ImportError:
+    from gflbench.data import default_data_dir
+    from gflbench.experiments.runner import DataCache, resolve_device, run
+    from gflbench.experiments.spec import make_spec
 
 
 def main() -> None:

@@ -20,10 +20,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from gfl_bench.datasets import default_data_dir
-from gfl_bench.provenance import device_name
-from gfl_bench.runner import DataCache, resolve_device, run
-from gfl_bench.spec import make_spec
+from gflbench.data import default_data_dir
+from gflbench.experiments.provenance import device_name
+from gflbench.experiments.runner import DataCache, resolve_device, run
+from gflbench.experiments.spec import make_spec
 
 
 def round_seconds(record: dict) -> float:

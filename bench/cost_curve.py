@@ -85,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _machine(args: argparse.Namespace) -> str:
-    from gfl_bench.provenance import device_name
+    from gflbench.experiments.provenance import device_name
 
     return f"{device_name(torch.device(args.device))}, {os.cpu_count()} cores, {args.threads} thread(s)"
 
@@ -134,9 +134,9 @@ def _spawn(args: argparse.Namespace, method: str, dataset: str, rounds: int) -> 
 
 def _worker(args: argparse.Namespace) -> None:
     """Load, partition, run; print each round's wall time as it ends, then the phase medians."""
-    from gfl_bench.datasets import default_data_dir
-    from gfl_bench.runner import DataCache, resolve_device, run
-    from gfl_bench.spec import make_spec, parse_overrides
+    from gflbench.data import default_data_dir
+    from gflbench.experiments.runner import DataCache, resolve_device, run
+    from gflbench.experiments.spec import make_spec, parse_overrides
 
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)

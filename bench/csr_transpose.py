@@ -25,9 +25,15 @@ import time
 
 import torch
 
-from gfl_bench.graph_ops import binary_adjacency, gcn_adjacency, h2gcn_adjacencies, operator_product, row_normalized
-from gfl_bench.runner import DataCache, run
-from gfl_bench.spec import make_spec
+from gflbench.backbones.graph_ops import (
+    binary_adjacency,
+    gcn_adjacency,
+    h2gcn_adjacencies,
+    operator_product,
+    row_normalized,
+)
+from gflbench.experiments.runner import DataCache, run
+from gflbench.experiments.spec import make_spec
 
 
 def cpu_ms(step, repeats: int) -> float:
@@ -126,7 +132,7 @@ def main() -> None:
     )
     # The batched path multiplies through graph_ops.operator_product: timed as it is and with torch's own
     # backward (the product patched back to `@`), interleaved.
-    import gfl_bench.batched as batched
+    import gflbench.core.batched as batched
 
     kept = batched.operator_product
     timings: dict[str, list[float]] = {"torch backward": [], "kept transpose": []}

@@ -3,7 +3,7 @@ and the aggregation of the uploads that layout gives, in their memory order or n
 
     python bench/first_layer_layout.py --clients 20 --nodes 136 --features 1433 --hidden 128
 
-Why gfl_bench/batched.py stores first-layer weights input-major: its first layer is one sparse product
+Why gfl_bench/core/batched.py stores first-layer weights input-major: its first layer is one sparse product
 of the block-diagonal features `[M·N, M·F]` with the weights as `[M·F, h]` (`graph_ops.ConstantSparse`),
 which is a view of an input-major stack, while a stack in the clients' layout `[M, h, F]` must be
 copied into it in the forward and back in the backward. Times forward + backward of that product on
@@ -25,8 +25,8 @@ import time
 
 import torch
 
-from gfl_bench import aggregation
-from gfl_bench.graph_ops import ConstantSparse
+from gflbench.backbones.graph_ops import ConstantSparse
+from gflbench.core import aggregation
 
 
 def main() -> None:

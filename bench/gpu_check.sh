@@ -77,9 +77,9 @@ else
     LIMIT_TESTS=80; LIMIT_PARITY=65; LIMIT_TIMES=70; LIMIT_BATCHED=35; LIMIT_CLIENTS=15; LIMIT_MINE=15
     LIMIT_SWEEP=(25 30 30 40)
 fi
-[[ -z $METHODS ]] && METHODS=$($PY -c "from gfl_bench.method import all_methods; print(','.join(sorted(all_methods())))")
+[[ -z $METHODS ]] && METHODS=$($PY -c "from gflbench.core.method import all_methods; print(','.join(sorted(all_methods())))")
 [[ -z $BATCHED_METHODS ]] && BATCHED_METHODS=$($PY -c "
-from gfl_bench.method import all_methods; print(','.join(sorted(m for m, c in all_methods().items() if c.batchable)))")
+from gflbench.core.method import all_methods; print(','.join(sorted(m for m, c in all_methods().items() if c.batchable)))")
 [[ -z $PARITY_METHODS ]] && PARITY_METHODS=${METHODS//,/ }
 
 status=0
@@ -115,10 +115,10 @@ unless the method samples from the device's generator (DRAWS_ON_DEVICE, read fro
 NeighGen noise and hidden nodes, FedSSA's reparameterisation, FedIIH's negative samples and noise; every
 other method's own sampling uses CPU generators): those are reported, not judged."""
 import csv, dataclasses, sys, torch
-from gfl_bench.datasets import default_data_dir
-from gfl_bench.method import method_class
-from gfl_bench.runner import DataCache, run
-from gfl_bench.spec import make_spec
+from gflbench.data import default_data_dir
+from gflbench.core.method import method_class
+from gflbench.experiments.runner import DataCache, run
+from gflbench.experiments.spec import make_spec
 out, device, dataset, tolerance, methods = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5:]
 DRAWS_ON_DEVICE = {"fedsage+", "fedssa", "fediih"}
 torch.set_num_threads(4)
@@ -171,7 +171,7 @@ for workers in $WORKER_COUNTS; do
         --rounds "$SWEEP_ROUNDS" --workers "$workers" --device "$DEVICE" --store "$WORK/sweep_$workers.sqlite"
     seconds=$((SECONDS - start)); index=$((index + 1))
     runs=$($PY -c "
-from gfl_bench.store import RunStore
+from gflbench.experiments.store import RunStore
 print(int((RunStore('$WORK/sweep_$workers.sqlite').frame()['status'] == 'ok').sum()))" 2>/dev/null || echo 0)
     $PY -c "
 runs, seconds = $runs, max($seconds, 1)

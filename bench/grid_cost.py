@@ -48,12 +48,12 @@ import torch
 from torch_geometric.data import Data
 from torch_geometric.utils import to_undirected
 
-from gfl_bench.datasets import default_data_dir, is_available, tiny_graph
-from gfl_bench.method import all_methods
-from gfl_bench.provenance import device_name
-from gfl_bench.runner import DataCache, run
-from gfl_bench.spec import make_spec
-from gfl_bench.tables import HETEROPHILIC, HOMOPHILIC, SETTINGS
+from gflbench.core.method import all_methods
+from gflbench.data import default_data_dir, is_available, tiny_graph
+from gflbench.experiments.provenance import device_name
+from gflbench.experiments.runner import DataCache, run
+from gflbench.experiments.spec import make_spec
+from gflbench.paper.tables import HETEROPHILIC, HOMOPHILIC, SETTINGS
 
 # The paper's Table 3: nodes, undirected edges, classes, features. Amazon-Photo's 238,162 counts each edge
 # in both directions (as its Amazon-Computer row does: 491,722 = 2 x the 245,861 undirected edges loaded

@@ -17,8 +17,8 @@ import platform
 import torch
 from timing import forward_backward_ms
 
-from gfl_bench.graph_ops import dense_if_no_larger, h2gcn_adjacencies
-from gfl_bench.runner import DataCache, resolve_device
+from gflbench.backbones.graph_ops import dense_if_no_larger, h2gcn_adjacencies
+from gflbench.experiments.runner import DataCache, resolve_device
 
 
 def product_ms(operator: torch.Tensor, x: torch.Tensor, repeats: int) -> float:

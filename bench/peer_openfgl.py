@@ -142,8 +142,8 @@ def export_federation(root: Path, clients: int) -> Path:
     """
     from torch_geometric.data import Data
 
-    from gfl_bench.datasets import dataset_spec, default_data_dir
-    from gfl_bench.runner import DataCache
+    from gflbench.data import dataset_spec, default_data_dir
+    from gflbench.experiments.runner import DataCache
 
     data_root = default_data_dir()
     federation = DataCache(data_root, data_root / "partitions").federated("cora", "metis", clients, 1234)
@@ -210,10 +210,10 @@ def _worker(args: argparse.Namespace) -> None:
 
 def measure_gflbench(args: argparse.Namespace) -> dict:
     """gflbench's runner on the shared settings; per-round time = exchange + evaluation."""
-    from gfl_bench.datasets import default_data_dir
-    from gfl_bench.method import all_methods
-    from gfl_bench.runner import DataCache, resolve_device, run
-    from gfl_bench.spec import make_spec
+    from gflbench.core.method import all_methods
+    from gflbench.data import default_data_dir
+    from gflbench.experiments.runner import DataCache, resolve_device, run
+    from gflbench.experiments.spec import make_spec
 
     if args.method not in all_methods():
         return {"error": f"not in gflbench (gflbench methods does not list {args.method})"}

@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from gfl_bench.datasets import default_data_dir
-from gfl_bench.runner import DataCache, resolve_device, run
-from gfl_bench.spec import make_spec
+from gflbench.data import default_data_dir
+from gflbench.experiments.runner import DataCache, resolve_device, run
+from gflbench.experiments.spec import make_spec
 
 
 def operator_counts(method: str, dataset: str, clients: int, rounds: int, batched: bool) -> dict[str, int]:

@@ -20,7 +20,7 @@ device memory the process uses outside torch's allocator, its CUDA context, meas
 first run), replacing earlier rows of the same cell, device and machine. Each method's row is merged
 as soon as it finishes, and a method that raises is reported (`FAILED` and its error) without stopping
 the others, so one crash loses no row. `bench/round_times.csv`, written this way, is what `gflbench
-sweep --dry-run` falls back on when the store holds no run of a cell (gfl_bench/sweep.py `estimate`),
+sweep --dry-run` falls back on when the store holds no run of a cell (gfl_bench/paper/sweep.py `estimate`),
 and its peak and context columns are what `--workers 0` packs by (`sweep.run_memory_mb`).
 The script exits 1 when a method failed.
 """
@@ -39,13 +39,13 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from gfl_bench.datasets import default_data_dir
-from gfl_bench.errors import UserError
-from gfl_bench.method import all_methods
-from gfl_bench.provenance import device_name
-from gfl_bench.runner import DataCache, resolve_device, run
-from gfl_bench.spec import make_spec, parse_overrides
-from gfl_bench.tables import method_order
+from gflbench.core.method import all_methods
+from gflbench.data import default_data_dir
+from gflbench.errors import UserError
+from gflbench.experiments.provenance import device_name
+from gflbench.experiments.runner import DataCache, resolve_device, run
+from gflbench.experiments.spec import make_spec, parse_overrides
+from gflbench.paper.tables import method_order
 
 
 def main() -> None:
@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
-        "--batched", action="store_true", help="train batchable methods' clients together (gfl_bench/batched.py)"
+        "--batched", action="store_true", help="train batchable methods' clients together (gfl_bench/core/batched.py)"
     )
     parser.add_argument("--sparse-features", action="store_true", help="first layer from a CSR copy of the features")
     args = parser.parse_args()

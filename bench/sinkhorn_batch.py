@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from methods.fedgmc import random_templates, sinkhorn_assignment, sinkhorn_assignments, two_point_wasserstein
+from gflbench.methods.fedgmc import random_templates, sinkhorn_assignment, sinkhorn_assignments, two_point_wasserstein
 
 
 def median_ms(solve, repeats: int) -> float:

@@ -16,7 +16,7 @@ import platform
 import torch
 from timing import forward_backward_ms
 
-from gfl_bench.runner import DataCache, resolve_device
+from gflbench.experiments.runner import DataCache, resolve_device
 
 
 def layer_ms(x: torch.Tensor, weight: torch.Tensor, repeats: int) -> float:

@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from gfl_bench.runner import DataCache, resolve_device, run, run_together
-from gfl_bench.spec import make_spec
+from gflbench.experiments.runner import DataCache, resolve_device, run, run_together
+from gflbench.experiments.spec import make_spec
 
 
 def seconds_per_run_round(specs: list, data, device: torch.device, batched: bool) -> float:

@@ -26,8 +26,8 @@ import torch
 from torch.func import functional_call, stack_module_state, vmap
 from torch_geometric.data import Data
 
-from gfl_bench.backbones import GCN
-from gfl_bench.batched import PackedPass
+from gflbench.backbones import GCN
+from gflbench.core.batched import PackedPass
 
 
 def main() -> None:

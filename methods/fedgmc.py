@@ -43,10 +43,9 @@ from torch import Tensor
 from torch.nn import functional as F
 from torch_geometric.data import Data
 
-from gfl_bench.aggregation import load_model_state, model_state, weighted_mean
-from gfl_bench.backbones import BACKBONES, FEDGMC_BACKBONE, H2GCN, H2GCNRepresentations, backbone_class
-from gfl_bench.errors import UserError
-from gfl_bench.method import (
+from gflbench.backbones import BACKBONES, FEDGMC_BACKBONE, H2GCN, H2GCNRepresentations, backbone_class
+from gflbench.core.aggregation import load_model_state, model_state, weighted_mean
+from gflbench.core.method import (
     SHARED_SEARCH_SPACE,
     Message,
     Method,
@@ -60,9 +59,10 @@ from gfl_bench.method import (
     non_negative,
     positive,
 )
-from gfl_bench.switches import fidelity_switch
-from gfl_bench.training import TrainingClient
-from methods.fedgmc_sinkhorn import sinkhorn_assignment, sinkhorn_assignments
+from gflbench.core.switches import fidelity_switch
+from gflbench.core.training import TrainingClient
+from gflbench.errors import UserError
+from gflbench.methods.fedgmc_sinkhorn import sinkhorn_assignment, sinkhorn_assignments
 
 SHARES = ("all", "backbone", "none")
 COMBINES = ("sum", "ring")

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from gfl_bench.datasets import default_data_dir
-from gfl_bench.method import all_methods
-from gfl_bench.runner import DataCache, resolve_device, run
-from gfl_bench.spec import make_spec
+from gflbench.core.method import all_methods
+from gflbench.data import default_data_dir
+from gflbench.experiments.runner import DataCache, resolve_device, run
+from gflbench.experiments.spec import make_spec
 
 FIXTURE = Path(__file__).resolve().parent / "golden" / "client-curves-cora-metis10.json"
 MACHINE = FIXTURE.with_name("client-curves-machine.json")

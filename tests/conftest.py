@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from gfl_bench.runner import DataCache, FederatedData
+from gflbench.experiments.runner import DataCache, FederatedData
 
 torch.set_num_threads(1)  # tiny graphs: threads only add contention on a busy 2-core runner
 

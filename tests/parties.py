@@ -6,9 +6,9 @@ import copy
 
 import torch
 
-from gfl_bench.backbones import build_backbone
-from gfl_bench.method import Method, MethodParams, Server, Setup
-from gfl_bench.runner import FederatedData
+from gflbench.backbones import build_backbone
+from gflbench.core.method import Method, MethodParams, Server, Setup
+from gflbench.experiments.runner import FederatedData
 
 
 def build_parties(

@@ -17,8 +17,9 @@ from test_scale import NoDenseSquare
 from torch.nn import functional as F
 from typer.testing import CliRunner
 
-import baselines.adafgl as adafgl
-from baselines.adafgl import (
+import gflbench.baselines.adafgl as adafgl
+from gflbench.backbones.graph_ops import binary_adjacency, gcn_adjacency
+from gflbench.baselines.adafgl import (
     AdaFGL,
     AdaFGLParams,
     PersonalModel,
@@ -32,15 +33,14 @@ from baselines.adafgl import (
     refined_features,
     unit_rows,
 )
-from cli import app
-from gfl_bench.errors import UserError
-from gfl_bench.graph_ops import binary_adjacency, gcn_adjacency
-from gfl_bench.method import Round, resolve_params
-from gfl_bench.metrics import accuracy
-from gfl_bench.runner import run
-from gfl_bench.spec import make_spec
-from gfl_bench.store import RunStore
-from gfl_bench.tables import rule_overrides
+from gflbench.commands.app import app
+from gflbench.core.method import Round, resolve_params
+from gflbench.core.metrics import accuracy
+from gflbench.errors import UserError
+from gflbench.experiments.runner import run
+from gflbench.experiments.spec import make_spec
+from gflbench.experiments.store import RunStore
+from gflbench.paper.tables import rule_overrides
 
 
 def _undirected(pairs: list[tuple[int, int]]) -> torch.Tensor:

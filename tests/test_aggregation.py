@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gfl_bench.aggregation import load_model_state, mixtures, model_state, weighted_mean
-from gfl_bench.backbones import GCN
-from gfl_bench.exchange import clone_message
+from gflbench.backbones import GCN
+from gflbench.core.aggregation import load_model_state, mixtures, model_state, weighted_mean
+from gflbench.core.exchange import clone_message
 
 
 def test_weighted_mean_equals_formula():
@@ -27,7 +27,7 @@ def test_weighted_mean_equals_formula():
 
 
 def test_uploads_in_a_transposed_layout_mix_to_the_same_numbers_and_keep_their_layout():
-    """The batched path's first-layer weights arrive as transposed views (gfl_bench/aggregation.py:memory_order)."""
+    """The batched path's first-layer weights arrive as transposed views (gfl_bench/core/aggregation.py:memory_order)."""
     gen = torch.Generator().manual_seed(2)
     stored = [torch.randn(40, 7, generator=gen) for _ in range(5)]  # [F, h] in memory, seen as [h, F]
     views = [{"w": t.t(), "b": t[0]} for t in stored]

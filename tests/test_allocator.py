@@ -1,4 +1,4 @@
-"""gfl_bench/allocator.py: freed large tensors are reused from the heap instead of mapped afresh, and
+"""gfl_bench/core/allocator.py: freed large tensors are reused from the heap instead of mapped afresh, and
 the freed memory kept resident stays bounded."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 # block is cut from the freed one, whose pages are resident; by default each is a fresh mapping.
 REUSE = """
 import resource, sys, torch
-from gfl_bench.allocator import keep_freed_memory
+from gflbench.core.allocator import keep_freed_memory
 took = keep_freed_memory() if sys.argv[1] == "keep" else False
 torch.empty(16 * 2**20).fill_(1.0)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -24,7 +24,7 @@ print(int(took), resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 # it: the pattern the kept heap cannot reuse by itself (aligned requests do not fit an exact-size hole).
 TRAIL = """
 import sys, torch
-from gfl_bench.allocator import keep_freed_memory, release_excess_heap
+from gflbench.core.allocator import keep_freed_memory, release_excess_heap
 if sys.argv[1] != "default":
     keep_freed_memory()
 kept = []
@@ -44,7 +44,7 @@ def _run(probe: str, mode: str) -> list[int]:
 
 
 def _glibc() -> bool:
-    from gfl_bench.allocator import keep_freed_memory
+    from gflbench.core.allocator import keep_freed_memory
 
     return keep_freed_memory()
 

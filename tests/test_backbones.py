@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch_geometric.data import Data
 
-from gfl_bench.backbones import BACKBONES, GCN, H2GCN
-from gfl_bench.graph_ops import dense_if_no_larger, h2gcn_adjacencies
+from gflbench.backbones import BACKBONES, GCN, H2GCN
+from gflbench.backbones.graph_ops import dense_if_no_larger, h2gcn_adjacencies
 
 
 def _path_graph(n: int) -> Data:
@@ -76,8 +76,8 @@ def test_prepared_graphs_are_cached_per_backbone_option(tiny_federation, device,
     """A backbone that reads a Params field in `prepare` gets one prepared copy per value of it."""
     import dataclasses
 
-    from gfl_bench import backbones
-    from gfl_bench.method import MethodParams
+    from gflbench import backbones
+    from gflbench.core.method import MethodParams
 
     class Scaled(backbones.GCN):
         options = ("hidden",)
@@ -101,8 +101,8 @@ def test_prepared_graphs_are_cached_per_backbone_option(tiny_federation, device,
 def test_sparse_first_layer_gives_the_dense_logits_and_gradients(tiny_federation, device, name):
     import dataclasses
 
-    from gfl_bench.backbones import build_backbone
-    from gfl_bench.method import MethodParams
+    from gflbench.backbones import build_backbone
+    from gflbench.core.method import MethodParams
 
     params = dataclasses.replace(MethodParams(), backbone=name, hidden=16)
     dense_graph = tiny_federation.on_device(params, device)[0]
@@ -123,8 +123,8 @@ def test_sparse_first_layer_gives_the_dense_logits_and_gradients(tiny_federation
 
 
 def test_a_run_with_sparse_features_records_it_and_matches_the_dense_run(tiny_federation, device):
-    from gfl_bench.runner import run
-    from gfl_bench.spec import make_spec
+    from gflbench.experiments.runner import run
+    from gflbench.experiments.spec import make_spec
 
     spec = make_spec("fedavg", "tiny", "metis", 5, 0, rounds=3)
     dense = run(spec, tiny_federation, device)
@@ -166,9 +166,9 @@ def test_the_per_client_forward_is_the_one_client_case_of_the_stacked_network(na
     packed together (the batched executor's `PackedPass`) gives each client what its own forward gives.
     Dropout is 0 so that training mode draws nothing; FED-PUB's masks are moved off one so that the
     masked weight (pruned in eval mode) matters."""
-    import baselines.fedpub  # noqa: F401  (registers masked_gcn)
-    from gfl_bench.backbones import StackedBackbone
-    from gfl_bench.batched import PackedPass
+    import gflbench.baselines.fedpub  # noqa: F401  (registers masked_gcn)
+    from gflbench.backbones import StackedBackbone
+    from gflbench.core.batched import PackedPass
 
     torch.manual_seed(0)
     graphs = [_path_graph(6), _star_graph(5)]

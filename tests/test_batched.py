@@ -1,4 +1,4 @@
-"""The batched path (gfl_bench/batched.py) computes what the per-client path computes."""
+"""The batched path (gfl_bench/core/batched.py) computes what the per-client path computes."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from gfl_bench.backbones import build_backbone
-from gfl_bench.method import Setup, method_class
-from gfl_bench.runner import DataCache, run
-from gfl_bench.spec import make_spec
+from gflbench.backbones import build_backbone
+from gflbench.core.method import Setup, method_class
+from gflbench.experiments.runner import DataCache, run
+from gflbench.experiments.spec import make_spec
 
 BATCHED_CASES = [
     ("local", {}),
@@ -33,8 +33,8 @@ BATCHED_CASES = [
 
 def run_with_logits(spec, federation, device, monkeypatch, batched: bool) -> tuple[dict, list[list]]:
     """The run's record and every client's evaluated logits, round by round (captured at evaluation)."""
-    import gfl_bench.rounds as runner  # the engine, whose round loop calls `_evaluate`
-    from gfl_bench.batched import BatchedTraining
+    import gflbench.core.rounds as runner  # the engine, whose round loop calls `_evaluate`
+    from gflbench.core.batched import BatchedTraining
 
     evaluate, predict, seen = runner._evaluate, BatchedTraining.predict, []
 
@@ -110,7 +110,7 @@ def test_methods_that_cannot_batch_run_per_client(tiny_federation, cpu):
 def test_constant_sparse_product_and_gradient_equal_the_dense_ones():
     import torch
 
-    from gfl_bench.graph_ops import ConstantSparse
+    from gflbench.backbones.graph_ops import ConstantSparse
 
     generator = torch.Generator().manual_seed(0)
     dense = torch.rand(7, 5, generator=generator) * (torch.rand(7, 5, generator=generator) < 0.4)
@@ -131,7 +131,7 @@ def test_operator_product_keeps_the_transpose_and_gives_torchs_numbers_bit_for_b
     and the non-symmetric row-normalised mean."""
     import gc
 
-    from gfl_bench.graph_ops import (
+    from gflbench.backbones.graph_ops import (
         _TRANSPOSES,
         _transpose,
         binary_adjacency,
@@ -166,7 +166,7 @@ def test_operator_product_keeps_the_transpose_and_gives_torchs_numbers_bit_for_b
 def test_tiny_mixes_dense_and_sparse_2hop_operators(tiny_federation):
     """The H2GCN cases above cover both operator kinds of the batched path only while `tiny`'s clients mix
     them (graph_ops.dense_if_no_larger): a dense 2-hop ring on some clients, a CSR one on others."""
-    from gfl_bench.graph_ops import h2gcn_adjacencies
+    from gflbench.backbones.graph_ops import h2gcn_adjacencies
 
     layouts = {h2gcn_adjacencies(g.edge_index, g.num_nodes)[1].layout for g in tiny_federation.graphs}
     assert layouts == {torch.strided, torch.sparse_csr}
@@ -176,7 +176,7 @@ def test_row_normalized_adjacency_is_sage_mean_aggregation():
     """D⁻¹A x is PyG's mean over each node's neighbours; an isolated node (3) gets zero, as in SAGEConv."""
     from torch_geometric.utils import spmm
 
-    from gfl_bench.graph_ops import binary_adjacency, row_normalized
+    from gflbench.backbones.graph_ops import binary_adjacency, row_normalized
 
     edge_index = torch.tensor([[0, 1, 1, 2, 0, 2], [1, 0, 2, 1, 2, 0]])
     adjacency = binary_adjacency(edge_index, 4)
@@ -190,8 +190,8 @@ def test_row_normalized_adjacency_is_sage_mean_aggregation():
 def test_first_layer_is_each_clients_own_product_for_dense_and_sparse_features(tiny_federation, cpu, kept):
     """Dense features (tiny's, all 16 non-zero) go through one padded bmm, sparse ones (2 of 16 kept)
     through the block-diagonal sparse product; either way each client's first layer is its own X_m W_m."""
-    from gfl_bench.batched import BatchedTraining
-    from gfl_bench.graph_ops import ConstantSparse
+    from gflbench.backbones.graph_ops import ConstantSparse
+    from gflbench.core.batched import BatchedTraining
 
     spec = make_spec("fedavg", "tiny", "metis", 5, 0, rounds=1)
     cls = method_class("fedavg")
@@ -219,7 +219,7 @@ def test_first_layer_is_each_clients_own_product_for_dense_and_sparse_features(t
 
 def test_batched_evaluation_stops_a_diverged_run(tiny_federation, cpu):
     """The one-pass evaluation checks every client's logits for NaN and inf, as the per-client one does."""
-    from gfl_bench.runner import RunFailed
+    from gflbench.experiments.runner import RunFailed
 
     spec = make_spec("fedavg", "tiny", "metis", 5, 0, {"lr": "1e30"}, rounds=5)
     with pytest.raises(RunFailed, match="non-finite predictions at round"):

@@ -8,8 +8,8 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from gfl_bench.store import RunStore
+from gflbench.commands.app import app
+from gflbench.experiments.store import RunStore
 
 BAD_INPUTS = [
     (["run", "-m", "nope", "-d", "tiny"], "unknown method 'nope'"),
@@ -303,7 +303,7 @@ def test_methods_in_a_narrow_terminal_wraps_instead_of_cutting(env, monkeypatch)
 
     from rich.console import Console
 
-    from gfl_bench.commands import common
+    from gflbench.commands import common
 
     terminal = Console(width=80, force_terminal=True, record=True, file=open(os.devnull, "w"))
     monkeypatch.setattr(common, "console", terminal)
@@ -316,7 +316,7 @@ def test_methods_in_a_narrow_terminal_wraps_instead_of_cutting(env, monkeypatch)
 
 
 def test_methods_lists_fidelity_and_execution_switches_apart_from_the_hyperparameters(env):
-    """gfl_bench/switches.py: FedICI's readings (paper preset: the released code's), FedIIH's ELBO reading and
+    """gfl_bench/core/switches.py: FedICI's readings (paper preset: the released code's), FedIIH's ELBO reading and
     routing kernel are in their own column, not among the resolved values; FedAvg declares none."""
     result = CliRunner().invoke(app, ["methods"])
     assert result.exit_code == 0, result.output

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from gfl_bench.execute import per_client_fallbacks
-from gfl_bench.method import all_methods
-from gfl_bench.spec import make_spec
+from gflbench.commands.app import app
+from gflbench.core.method import all_methods
+from gflbench.experiments.execute import per_client_fallbacks
+from gflbench.experiments.spec import make_spec
 
 GRID = ["run", "-d", "tiny", "--clients", "5", "--seeds", "1", "--rounds", "1"]
 
@@ -70,7 +70,7 @@ def test_batched_help_keeps_no_list_of_methods() -> None:
 def test_force_batched_over_per_client_runs_keeps_both_and_the_table_shows_their_band(env, tmp_path) -> None:
     """`run --force --batched` on stored per-client runs stores the batched execution beside them; the table keeps
     reading the per-client seeds and adds their execution band; a second per-client --force replaces its own."""
-    from gfl_bench.store import RunStore
+    from gflbench.experiments.store import RunStore
 
     runner = CliRunner()
     run = [*GRID[:-1], "3", "-m", "fedavg", "--seeds", "2"]

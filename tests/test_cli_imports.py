@@ -1,8 +1,8 @@
 """A command loads only what it needs: `gflbench --help` and the store readers (import, failed, export) do not
 import torch, PyG or pandas.
 
-Importing torch and PyG costs seconds and hundreds of MB (docs/architecture.md, "Import cost"), so cli.py
-imports the engine inside the commands that train or load graphs. Each check runs in a fresh interpreter,
+Importing torch and PyG costs seconds and hundreds of MB (docs/architecture.md, "Import cost"), so the command
+modules import the engine inside the commands that train or load graphs. Each check runs in a fresh interpreter,
 because this test session has long imported torch itself.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gfl_bench.store import RunStore
+from gflbench.experiments.store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "torch_geometric", "pandas")  # pandas: 1.5 s, loaded only by the readers of whole tables
@@ -26,7 +26,7 @@ HEAVY = ("torch", "torch_geometric", "pandas")  # pandas: 1.5 s, loaded only by 
 PROBE = f"""
 import json, sys
 commands, then = json.loads(sys.argv[1]), sys.argv[2]
-from cli import app
+from gflbench.commands.app import app
 codes = []
 for args in commands:
     try:
@@ -75,5 +75,5 @@ def test_help_and_store_readers_do_not_import_torch(exported: Path, tmp_path: Pa
 
 def test_the_probe_sees_torch_when_it_is_imported(tmp_path: Path) -> None:
     """The control: the same probe, with the engine imported after the commands, reports torch and PyG."""
-    result = _probe([["failed", "--store", str(tmp_path / "runs.sqlite")]], then="gfl_bench.runner")
+    result = _probe([["failed", "--store", str(tmp_path / "runs.sqlite")]], then="gflbench.experiments.runner")
     assert result["codes"] == [0] and {"torch", "torch_geometric"} <= set(result["loaded"])

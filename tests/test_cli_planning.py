@@ -1,4 +1,4 @@
-"""gfl_bench/planning.py: what sweep, run and table work out before anything runs, called without a command line."""
+"""gfl_bench/paper/planning.py: what sweep, run and table work out before anything runs, called without a command line."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from gfl_bench import planning
-from gfl_bench.errors import UserError
-from gfl_bench.method import all_methods
-from gfl_bench.spec import make_spec
-from gfl_bench.sweep import Grid
+from gflbench.core.method import all_methods
+from gflbench.errors import UserError
+from gflbench.experiments.spec import make_spec
+from gflbench.paper import planning
+from gflbench.paper.sweep import Grid
 
 
 def test_selected_overrides_add_what_a_selection_rule_switches_on_inside_a_method():

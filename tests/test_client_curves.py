@@ -18,7 +18,7 @@ import pytest
 import raw_formats
 from client_curves import FIXTURE, MACHINE, client_curves, machine
 
-from gfl_bench.method import all_methods
+from gflbench.core.method import all_methods
 
 MIRROR = raw_formats.real_mirror()
 EXPECTED = json.loads(FIXTURE.read_text())

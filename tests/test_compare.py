@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from gfl_bench.compare import compare
-from gfl_bench.spec import make_spec
-from gfl_bench.tables import Selection
+from gflbench.experiments.spec import make_spec
+from gflbench.paper.compare import compare
+from gflbench.paper.tables import Selection
 
 
 def _runs(values: dict[tuple[str, str, int], list[float]]) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""Every registered method keeps the Method contract (gfl_bench/method.py, gfl_bench/training.py) under
+"""Every registered method keeps the Method contract (gfl_bench/core/method.py, gfl_bench/core/training.py) under
 every executor it can run on: one round on `tiny`, with each hook the runner calls watched as it is called.
 
 What is checked, per method and executor:
@@ -22,11 +22,11 @@ import pytest
 import torch
 from torch import Tensor
 
-from gfl_bench.errors import UserError
-from gfl_bench.method import Client, Server, all_methods
-from gfl_bench.runner import run
-from gfl_bench.spec import make_spec
-from gfl_bench.training import TrainingClient
+from gflbench.core.method import Client, Server, all_methods
+from gflbench.core.training import TrainingClient
+from gflbench.errors import UserError
+from gflbench.experiments.runner import run
+from gflbench.experiments.spec import make_spec
 
 CASES = [(name, False) for name in sorted(all_methods())] + [
     (name, True) for name, method in sorted(all_methods().items()) if method.batchable

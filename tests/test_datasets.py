@@ -21,8 +21,8 @@ from scipy.sparse.csgraph import connected_components
 from torch_geometric.data import Data
 from torch_geometric.utils import is_undirected
 
-from gfl_bench import datasets
-from gfl_bench.datasets import (
+from gflbench import data as datasets
+from gflbench.data import (
     DATA_DIR_ENV,
     DATASETS,
     RAW_MIRROR_ENV,
@@ -33,7 +33,7 @@ from gfl_bench.datasets import (
     load_dataset,
     tiny_graph,
 )
-from gfl_bench.errors import UserError
+from gflbench.errors import UserError
 
 ROW_NORMALISED = {"cora", "citeseer", "pubmed", "amazon-computer", "amazon-photo"}  # docs/protocol.md
 REAL_MIRROR = raw_formats.real_mirror()

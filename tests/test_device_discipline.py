@@ -42,9 +42,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from gfl_bench.method import all_methods
-from gfl_bench.runner import run
-from gfl_bench.spec import make_spec
+from gflbench.core.method import all_methods
+from gflbench.experiments.runner import run
+from gflbench.experiments.spec import make_spec
 
 RUN_DEVICE = torch.device("cpu", 0)  # the run's device: computed on the CPU, tracked apart from the host
 DEVICE, HOST = "device", "host"
@@ -390,7 +390,7 @@ def test_every_method_has_a_sync_budget():
 
 
 if __name__ == "__main__":  # every method's host syncs per round, per-client and batched
-    from gfl_bench.runner import DataCache
+    from gflbench.experiments.runner import DataCache
 
     federation = DataCache(None, None).federated("tiny", "metis", 5, 1234)
     for batched in (False, True):

@@ -1,4 +1,4 @@
-"""gfl_bench/dropout.py: F.dropout's numbers and random stream, from a faster draw on a CPU."""
+"""gfl_bench/backbones/dropout.py: F.dropout's numbers and random stream, from a faster draw on a CPU."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from gfl_bench.dropout import CHUNK, dropout, dropout_mask
+from gflbench.backbones.dropout import CHUNK, dropout, dropout_mask
 
 SHAPES = [(1,), (7, 3), (271, 64), (3, 50, 33), (2, CHUNK // 100 + 1, 100)]  # the last spans several chunks
 

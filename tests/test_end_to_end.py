@@ -6,8 +6,8 @@ import pytest
 import raw_formats
 from typer.testing import CliRunner
 
-from cli import app
-from gfl_bench.store import RunStore
+from gflbench.commands.app import app
+from gflbench.experiments.store import RunStore
 
 MIRROR = raw_formats.real_mirror()
 

@@ -9,10 +9,10 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from gfl_bench.errors import UserError
-from gfl_bench.store import RunStore
-from gfl_bench.tables import NO_GLOBAL_MODEL, Selection
+from gflbench.commands.app import app
+from gflbench.errors import UserError
+from gflbench.experiments.store import RunStore
+from gflbench.paper.tables import NO_GLOBAL_MODEL, Selection
 
 ROUNDS = "3"
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from gfl_bench.partition import cached_partition
-from gfl_bench.runner import DataCache
-from gfl_bench.store import RunStore
+from gflbench.data.partition import cached_partition
+from gflbench.experiments.runner import DataCache
+from gflbench.experiments.store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
-CODE = "import sys; from cli import app; sys.argv[0] = 'gflbench'; app()"
+CODE = "import sys; from gflbench.commands.app import app; sys.argv[0] = 'gflbench'; app()"
 SWEEP = [
     "sweep",
     "-m",
@@ -312,7 +312,7 @@ def test_a_stdout_without_utf8_gets_ascii_spellings(tmp_path, encoding):
 def test_a_dry_run_refuses_negative_workers_as_the_real_sweep_does(tmp_path):
     from typer.testing import CliRunner
 
-    from cli import app
+    from gflbench.commands.app import app
 
     result = CliRunner().invoke(app, ["sweep", "--dry-run", "-m", "fedavg", "-d", "tiny", "--clients", "5",
                                       "--workers", "-3", "--store", str(tmp_path / "none.sqlite")])  # fmt: skip

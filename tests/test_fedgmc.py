@@ -11,9 +11,9 @@ import pytest
 import torch
 from parties import build_parties
 
-from gfl_bench.errors import UserError
-from gfl_bench.method import Round, Setup, method_class, resolve_params
-from methods.fedgmc import (
+from gflbench.core.method import Round, Setup, method_class, resolve_params
+from gflbench.errors import UserError
+from gflbench.methods.fedgmc import (
     FedGMCClient,
     FedGMCParams,
     class_means,
@@ -204,9 +204,9 @@ def test_batched_sinkhorn_gives_each_problem_its_own_plan() -> None:
 def test_batched_path_solves_a_rounds_plans_together(tiny_federation, cpu, monkeypatch) -> None:
     """In the batched path FedGMC's clients get their F_m from one batched solve per round (none solves
     its own); the unbalanced solver, which POT has no batched form of, stays per client."""
-    import methods.fedgmc as fedgmc
-    from gfl_bench.runner import run
-    from gfl_bench.spec import make_spec
+    import gflbench.methods.fedgmc as fedgmc
+    from gflbench.experiments.runner import run
+    from gflbench.experiments.spec import make_spec
 
     calls = {"alone": 0, "together": 0}
     alone, together = fedgmc.sinkhorn_assignment, fedgmc.sinkhorn_assignments
@@ -274,7 +274,7 @@ def test_relative_sinkhorn_ignores_the_cost_scale() -> None:
 
 
 def test_radial_sequences_are_normalised_hops() -> None:
-    from gfl_bench.backbones import H2GCNRepresentations
+    from gflbench.backbones import H2GCNRepresentations
 
     hop1, hop2 = torch.randn(6, 4, generator=generator(1)), torch.randn(6, 4, generator=generator(2))
     reps = H2GCNRepresentations(ego=hop1, hop1=hop1, hop2=hop2, combined=hop1)
@@ -383,7 +383,7 @@ def tiny_setup() -> Setup:
 
 def tiny_federation(method: str):
     """A server and clients of `method` on the tiny dataset, as the runner builds them."""
-    from gfl_bench.runner import DataCache
+    from gflbench.experiments.runner import DataCache
 
     data = DataCache(None, None).federated("tiny", "metis", 5, 1234)
     return build_parties(method_class(method), method_class(method).Params(), data, tiny_setup().rounds)
@@ -440,7 +440,7 @@ def test_without_refinement_the_server_keeps_its_manifolds() -> None:
 
 
 def test_hidden_smaller_than_classes_minus_one_is_a_user_error() -> None:
-    from gfl_bench.backbones import H2GCN
+    from gflbench.backbones import H2GCN
 
     params = resolve_params(method_class("fedgmc"), {"hidden": "2"})
     setup = dataclasses.replace(tiny_setup(), num_features=4, num_classes=5)
@@ -452,8 +452,8 @@ def test_hidden_smaller_than_classes_minus_one_is_a_user_error() -> None:
 
 
 def tiny_run(seed: int) -> dict:
-    from gfl_bench.runner import DataCache, run
-    from gfl_bench.spec import make_spec
+    from gflbench.experiments.runner import DataCache, run
+    from gflbench.experiments.spec import make_spec
 
     spec = make_spec("fedgmc", "tiny", "metis", 5, seed=seed, rounds=5)
     return run(spec, DataCache(None, None).federated("tiny", "metis", 5, spec.data_seed), torch.device("cpu"))
@@ -506,8 +506,8 @@ def test_each_calibration_loss_sends_gradient_into_the_ego_weights(tiny_federati
 
 
 def test_fedgmc_runs_on_overlapping_partitions(cpu):
-    from gfl_bench.runner import DataCache, run
-    from gfl_bench.spec import make_spec
+    from gflbench.experiments.runner import DataCache, run
+    from gflbench.experiments.spec import make_spec
 
     federation = DataCache(None, None).federated("tiny", "overlap", 10, 1234)
     record = run(make_spec("fedgmc", "tiny", "overlap", 10, 0, rounds=3), federation, cpu)

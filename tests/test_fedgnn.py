@@ -6,12 +6,12 @@ import pytest
 import torch
 from parties import build_parties
 
-from baselines.fedgnn import FedGNN, match_nodes, node_hashes
-from gfl_bench.errors import UserError
-from gfl_bench.exchange import clone_message
-from gfl_bench.method import Round, resolve_params
-from gfl_bench.runner import DataCache, run
-from gfl_bench.spec import make_spec
+from gflbench.baselines.fedgnn import FedGNN, match_nodes, node_hashes
+from gflbench.core.exchange import clone_message
+from gflbench.core.method import Round, resolve_params
+from gflbench.errors import UserError
+from gflbench.experiments.runner import DataCache, run
+from gflbench.experiments.spec import make_spec
 
 KEY = b"test-key"
 

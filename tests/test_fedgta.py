@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch_geometric.data import Data
 
-from baselines.fedgta import (
+from gflbench.backbones import GAMLP, build_backbone
+from gflbench.baselines.fedgta import (
     FedGTA,
     FedGTAClient,
     FedGTAParams,
@@ -22,12 +23,12 @@ from baselines.fedgta import (
     smoothed_outputs,
     smoothing_confidence,
 )  # fmt: skip
-from gfl_bench.aggregation import mixtures, model_state, weighted_mean
-from gfl_bench.backbones import GAMLP, build_backbone
-from gfl_bench.errors import UserError
-from gfl_bench.method import Round, Setup, resolve_params
-from gfl_bench.runner import DataCache, run
-from gfl_bench.spec import make_spec
+from gflbench.core.aggregation import mixtures, model_state, weighted_mean
+from gflbench.core.method import Round, Setup, resolve_params
+from gflbench.errors import UserError
+from gflbench.experiments.presets import paper_preset
+from gflbench.experiments.runner import DataCache, run
+from gflbench.experiments.spec import make_spec
 
 CPU = torch.device("cpu")
 
@@ -242,15 +243,17 @@ def test_params_are_checked_and_the_paper_preset_is_the_official_config():
         "local_epochs": "3",
         "rounds": "100",
     }
-    assert FedGTA.paper_preset("cora", "metis", 10) == {
+    assert paper_preset(FedGTA, "cora", "metis", 10) == {
         **official,
         "moment_type": "hybrid",
         "moments": "6",
         "accept": "0.5",
     }
-    assert FedGTA.paper_preset("pubmed", "metis", 10)["moment_type"] == "origin"
-    assert FedGTA.paper_preset("minesweeper", "metis", 10) == official  # config.py sets moments for three datasets only
-    assert FedGTA.paper_preset("tiny", "metis", 5) == {}  # the synthetic test graph runs the Params defaults
+    assert paper_preset(FedGTA, "pubmed", "metis", 10)["moment_type"] == "origin"
+    assert (
+        paper_preset(FedGTA, "minesweeper", "metis", 10) == official
+    )  # config.py sets moments for three datasets only
+    assert paper_preset(FedGTA, "tiny", "metis", 5) == {}  # the synthetic test graph runs the Params defaults
     spec = make_spec("fedgta", "citeseer", "metis", 10, 0)
     assert (spec.params.moments, spec.params.hidden, spec.params.weight_decay, spec.local_epochs) == (20, 64, 5e-4, 3)
 

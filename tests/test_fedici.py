@@ -10,7 +10,15 @@ import torch
 from parties import build_parties
 from torch_geometric.data import Data
 
-from baselines.fedici import (
+from gflbench.backbones import (
+    BACKBONES,
+    UniFilter,
+    train_homophily,
+    unibasis,
+    unifilter_adjacency,
+    unifilter_components,
+)
+from gflbench.baselines.fedici import (
     FedICI,
     FedICIParams,
     affinities,
@@ -24,19 +32,12 @@ from baselines.fedici import (
     simplex_projection,
     subspace_cosines,
 )  # fmt: skip
-from gfl_bench.aggregation import weighted_mean
-from gfl_bench.backbones import (
-    BACKBONES,
-    UniFilter,
-    train_homophily,
-    unibasis,
-    unifilter_adjacency,
-    unifilter_components,
-)
-from gfl_bench.errors import UserError
-from gfl_bench.method import Round
-from gfl_bench.runner import DataCache, run
-from gfl_bench.spec import make_spec
+from gflbench.core.aggregation import weighted_mean
+from gflbench.core.method import Round
+from gflbench.errors import UserError
+from gflbench.experiments.presets import paper_preset
+from gflbench.experiments.runner import DataCache, run
+from gflbench.experiments.spec import make_spec
 
 SQRT_HALF = 1 / math.sqrt(2)
 
@@ -306,12 +307,12 @@ def test_params_and_preset():
         FedICIParams(backbone="gcn")
     with pytest.raises(UserError, match="graph_rule"):
         FedICIParams(graph_rule="greedy")
-    cora = FedICI.paper_preset("cora", "metis", 10)
+    cora = paper_preset(FedICI, "cora", "metis", 10)
     assert (
         cora["levels"] == "7" and cora["beta"] == "2.2" and "principal_dims" not in cora
     )  # k_principal: parser default 3
-    assert FedICI.paper_preset("minesweeper", "metis", 20)["gamma"] == "50"  # one block for every client count
-    assert FedICI.paper_preset("tiny", "metis", 5) == {}
+    assert paper_preset(FedICI, "minesweeper", "metis", 20)["gamma"] == "50"  # one block for every client count
+    assert paper_preset(FedICI, "tiny", "metis", 5) == {}
 
 
 def test_the_paper_protocol_runs_the_released_code_and_each_reading_switches_alone():

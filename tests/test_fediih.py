@@ -11,8 +11,9 @@ import torch
 from parties import build_parties
 from torch.nn import functional as F
 
-from baselines.fedavg import FedAvg, FedAvgParams
-from baselines.fediih import (
+from gflbench.backbones import DisenGCN, build_backbone, neighbourhood_routing
+from gflbench.baselines.fedavg import FedAvg, FedAvgParams
+from gflbench.baselines.fediih import (
     FedIIH,
     FedIIHParams,
     edge_keys,
@@ -23,12 +24,11 @@ from baselines.fediih import (
     mixing_weights,
     reconstruction_loss,
 )  # fmt: skip
-from gfl_bench.aggregation import weighted_mean
-from gfl_bench.backbones import DisenGCN, build_backbone, neighbourhood_routing
-from gfl_bench.errors import UserError
-from gfl_bench.method import Round, resolve_params
-from gfl_bench.runner import DataCache, run
-from gfl_bench.spec import make_spec
+from gflbench.core.aggregation import weighted_mean
+from gflbench.core.method import Round, resolve_params
+from gflbench.errors import UserError
+from gflbench.experiments.runner import DataCache, run
+from gflbench.experiments.spec import make_spec
 
 SMALL = {"hidden": 8, "routing_layers": 1, "routing_iters": 2}  # 1 base routing layer and 1 per head: fast
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 from parties import build_parties
 
-from baselines.fedpub import FedPub, FedPubClient, FedPubParams, MaskedGCN, mixing_weights, proxy_graph
-from gfl_bench.backbones import GCN
-from gfl_bench.runner import run
-from gfl_bench.spec import make_spec
+from gflbench.backbones import GCN
+from gflbench.baselines.fedpub import FedPub, FedPubClient, FedPubParams, MaskedGCN, mixing_weights, proxy_graph
+from gflbench.experiments.runner import run
+from gflbench.experiments.spec import make_spec
 
 
 def _run(federation, cpu, seed=0, rounds=4, **overrides):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from parties import build_parties
 
-from baselines.fedsage import (
+from gflbench.baselines.fedsage import (
     FedSagePlus,
     generator_stages,
     greedy_feature_loss,
@@ -14,10 +14,10 @@ from baselines.fedsage import (
     nearest_feature_gradient,
     slot_counts,
 )
-from gfl_bench.exchange import clone_message
-from gfl_bench.method import Round, resolve_params
-from gfl_bench.runner import run
-from gfl_bench.spec import make_spec
+from gflbench.core.exchange import clone_message
+from gflbench.core.method import Round, resolve_params
+from gflbench.experiments.runner import run
+from gflbench.experiments.spec import make_spec
 
 FAST = {"local_gen_epochs": "10", "fed_gen_epochs": "3"}  # fewer generator epochs: a fast file, same exchanges
 
@@ -110,9 +110,9 @@ def test_returned_gradient_is_that_of_the_nearest_real_feature_distance():
 
 
 def test_the_returned_gradients_train_the_generator(tiny_federation, driven, monkeypatch):
-    import baselines.fedsage
+    import gflbench.baselines.fedsage
 
-    monkeypatch.setattr(baselines.fedsage, "nearest_feature_gradient", lambda g, features: torch.zeros_like(g))
+    monkeypatch.setattr(gflbench.baselines.fedsage, "nearest_feature_gradient", lambda g, features: torch.zeros_like(g))
     silent, _, _ = drive(tiny_federation)  # same run, but the other clients send zero gradients
     changed = [not torch.equal(a.graph.x, b.graph.x) for a, b in zip(driven[0], silent)]
     assert any(changed)

@@ -11,8 +11,9 @@ import pytest
 import torch
 from parties import build_parties
 
-from baselines.fedavg import FedAvg
-from baselines.fedssa import (
+from gflbench.backbones import build_backbone
+from gflbench.baselines.fedavg import FedAvg
+from gflbench.baselines.fedssa import (
     FedSSA,
     FedSSAParams,
     class_gaussians,
@@ -26,11 +27,11 @@ from baselines.fedssa import (
     semantic_distances,
     spectral_energy,
 )
-from gfl_bench.backbones import build_backbone
-from gfl_bench.errors import UserError
-from gfl_bench.method import Round, Setup, resolve_params
-from gfl_bench.runner import DataCache, run
-from gfl_bench.spec import make_spec
+from gflbench.core.method import Round, Setup, resolve_params
+from gflbench.errors import UserError
+from gflbench.experiments.presets import paper_preset
+from gflbench.experiments.runner import DataCache, run
+from gflbench.experiments.spec import make_spec
 
 # ------------------------------------------------------------------ semantic part
 
@@ -348,7 +349,7 @@ def test_params_are_checked():
     with pytest.raises(UserError):
         resolve_params(FedSSA, {"semantic_weight": "-1"})
     assert FedSSA.title.endswith("(reimpl.)")
-    preset = FedSSA.paper_preset("cora", "metis", 10)
+    preset = paper_preset(FedSSA, "cora", "metis", 10)
     assert resolve_params(FedSSA, preset).levels == 7 and "lr" not in preset
     assert "backbone" not in preset  # FedICI's values, not its code reading of the bases (tests/test_presets.py)
-    assert FedSSA.paper_preset("tiny", "metis", 5) == {}
+    assert paper_preset(FedSSA, "tiny", "metis", 5) == {}

@@ -12,7 +12,7 @@ from parties import build_parties
 from torch.nn import functional as F
 from torch_geometric.data import Data
 
-from baselines.fedtad import (
+from gflbench.baselines.fedtad import (
     FedTAD,
     FedTADParams,
     PseudoGraphGenerator,
@@ -27,11 +27,11 @@ from baselines.fedtad import (
     weighted_cross_entropy,
     weighted_l1_gap,
 )
-from gfl_bench.aggregation import model_state
-from gfl_bench.errors import UserError
-from gfl_bench.method import Round, resolve_params
-from gfl_bench.runner import DataCache, run
-from gfl_bench.spec import make_spec
+from gflbench.core.aggregation import model_state
+from gflbench.core.method import Round, resolve_params
+from gflbench.errors import UserError
+from gflbench.experiments.runner import DataCache, run
+from gflbench.experiments.spec import make_spec
 
 
 def _undirected(pairs: list[tuple[int, int]]) -> torch.Tensor:

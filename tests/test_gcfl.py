@@ -9,12 +9,12 @@ import pytest
 import torch
 from parties import build_parties
 
-from baselines.gcfl import GCFL, NORMS, GCFLParams, dtw_distance, split_criterion
-from gfl_bench.aggregation import model_state
-from gfl_bench.backbones import GCN
-from gfl_bench.method import Round, Setup, resolve_params
-from gfl_bench.runner import run
-from gfl_bench.spec import make_spec
+from gflbench.backbones import GCN
+from gflbench.baselines.gcfl import GCFL, NORMS, GCFLParams, dtw_distance, split_criterion
+from gflbench.core.aggregation import model_state
+from gflbench.core.method import Round, Setup, resolve_params
+from gflbench.experiments.runner import run
+from gflbench.experiments.spec import make_spec
 
 GROUP_A, GROUP_B = [0, 1, 2], [3, 4, 5]
 
@@ -195,7 +195,7 @@ def test_splits_happen_in_the_round_loop_and_runs_are_deterministic(tiny_federat
 
 
 def test_params_are_checked():
-    from gfl_bench.errors import UserError
+    from gflbench.errors import UserError
 
     with pytest.raises(UserError):
         GCFLParams(variant="gcfl++")

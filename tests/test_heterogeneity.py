@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch_geometric.data import Data
 
-from gfl_bench.heterogeneity import client_statistics, quantity_imbalance, setting_summary, summary
-from gfl_bench.partition import TEST, TRAIN, Partition, client_graphs
+from gflbench.data.heterogeneity import client_statistics, quantity_imbalance, setting_summary, summary
+from gflbench.data.partition import TEST, TRAIN, Partition, client_graphs
 
 
 def _log2(x: float) -> float:
@@ -93,7 +93,7 @@ def test_partitions_writes_the_statistics_as_csv(tmp_path, monkeypatch):
     import pandas as pd
     from typer.testing import CliRunner
 
-    from cli import app
+    from gflbench.commands.app import app
 
     monkeypatch.setenv("GFLBENCH_DATA", str(tmp_path / "data"))
     result = CliRunner().invoke(app, ["partitions", "-d", "tiny", "--clients", "5", "--partition", "dirichlet",
@@ -111,7 +111,7 @@ def test_partitions_writes_the_statistics_as_csv(tmp_path, monkeypatch):
 
 
 def test_a_client_without_edges_shows_a_dash_for_its_homophily_not_nan():
-    from gfl_bench.commands.listing import _or_dash
+    from gflbench.commands.listing import _or_dash
 
     assert _or_dash(float("nan"), ".3f") == "-" and _or_dash(float("nan"), "+.3f") == "-"
     assert _or_dash(0.5, "+.3f") == "+0.500" and _or_dash(0.0, ".3f") == "0.000"

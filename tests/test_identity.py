@@ -21,15 +21,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cli import app
-from gfl_bench.datasets import VERBOSE_ENV, load_dataset, tiny_graph
-from gfl_bench.errors import UserError
-from gfl_bench.partition import cached_partition, graph_fingerprint, make_partition
-from gfl_bench.spec import make_spec
-from gfl_bench.store import RunStore
+from gflbench.commands.app import app
+from gflbench.data import VERBOSE_ENV, load_dataset, tiny_graph
+from gflbench.data.partition import cached_partition, graph_fingerprint, make_partition
+from gflbench.errors import UserError
+from gflbench.experiments.spec import make_spec
+from gflbench.experiments.store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
-CODE = "import sys; from cli import app; sys.argv[0] = 'gflbench'; app()"
+CODE = "import sys; from gflbench.commands.app import app; sys.argv[0] = 'gflbench'; app()"
 FRACTIONS = (0.2, 0.4, 0.4)
 TINY_RUN = ["run", "-m", "fedavg", "-d", "tiny", "--seeds", "1", "--rounds", "2", "--device", "cpu"]
 
@@ -145,7 +145,7 @@ def test_the_issue_probe_stores_five_clients_after_the_ten_client_file_was_copie
 
 
 def test_the_record_carries_the_fingerprint_of_its_data(tmp_path):
-    from gfl_bench.datasets import data_fingerprint
+    from gflbench.data import data_fingerprint
 
     store = tmp_path / "s.sqlite"
     result = CliRunner().invoke(

@@ -8,11 +8,11 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from gfl_bench.datasets import tiny_graph
-from gfl_bench.manifest import _digest, manifest_of, manifest_partition, read_manifest, register
-from gfl_bench.partition import make_partition
-from gfl_bench.store import RunStore
+from gflbench.commands.app import app
+from gflbench.data import tiny_graph
+from gflbench.data.manifest import _digest, manifest_of, manifest_partition, read_manifest, register
+from gflbench.data.partition import make_partition
+from gflbench.experiments.store import RunStore
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def test_a_manifest_gives_back_its_partition(tmp_path):
 
 
 def _written(manifest, path):
-    from gfl_bench.manifest import write_manifest
+    from gflbench.data.manifest import write_manifest
 
     write_manifest(manifest, path)
     return path

@@ -1,4 +1,4 @@
-"""The Method contract's own promises (gfl_bench/method.py, gfl_bench/training.py), hook by hook."""
+"""The Method contract's own promises (gfl_bench/core/method.py, gfl_bench/core/training.py), hook by hook."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 from parties import build_parties
 
-from gfl_bench.method import Method, Round, Server, all_methods, method_class, resolve_params
-from gfl_bench.training import TrainingClient, squared_distance
+from gflbench.core.method import Method, Round, Server, all_methods, method_class, resolve_params
+from gflbench.core.training import TrainingClient, squared_distance
 
 
 @pytest.mark.parametrize(

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from parties import build_parties
 
-from baselines.fedper import FedPer
-from gfl_bench.aggregation import model_state
-from gfl_bench.method import Round, method_class, resolve_params
-from gfl_bench.runner import run
-from gfl_bench.spec import make_spec
+from gflbench.baselines.fedper import FedPer
+from gflbench.core.aggregation import model_state
+from gflbench.core.method import Round, method_class, resolve_params
+from gflbench.experiments.runner import run
+from gflbench.experiments.spec import make_spec
 
 
 def _run(method, federation, device, seed=0, rounds=6, local_epochs=None, **overrides):
@@ -72,7 +72,7 @@ def test_default_backbones_follow_the_papers_numbers():
 
 
 def test_fedavg_with_one_client_is_local(device):
-    from gfl_bench.runner import DataCache
+    from gflbench.experiments.runner import DataCache
 
     single = DataCache(None, None).federated("tiny", "metis", 1, 1234)
     local = run(make_spec("local", "tiny", "metis", 1, 0, rounds=6), single, device)

@@ -7,8 +7,8 @@ import math
 import pytest
 import raw_formats
 
-from gfl_bench.paper import paper_results
-from gfl_bench.tables import HETEROPHILIC, HOMOPHILIC, PAPER_METHOD_ORDER
+from gflbench.paper.published import paper_results
+from gflbench.paper.tables import HETEROPHILIC, HOMOPHILIC, PAPER_METHOD_ORDER
 
 PAPER = raw_formats.REPO.parent / "shared" / "paper" / "fedgmc-paper.txt"
 

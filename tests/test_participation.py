@@ -10,12 +10,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cli import app
-from gfl_bench.errors import UserError
-from gfl_bench.randomness import Participation, sampled_count
-from gfl_bench.runner import run
-from gfl_bench.spec import make_spec, spec_of_record
-from gfl_bench.store import RunStore
+from gflbench.commands.app import app
+from gflbench.core.randomness import Participation, sampled_count
+from gflbench.errors import UserError
+from gflbench.experiments.runner import run
+from gflbench.experiments.spec import make_spec, spec_of_record
+from gflbench.experiments.store import RunStore
 
 VOLATILE = ("started_at", "finished_at", "seconds_per_round", "first_round_seconds", "seconds_per_phase",
             "peak_memory_bytes", "peak_reserved_bytes")  # fmt: skip

@@ -8,9 +8,8 @@ import torch
 from scipy.spatial.distance import jensenshannon
 from torch_geometric.data import Data
 
-from gfl_bench.datasets import tiny_graph
-from gfl_bench.errors import UserError
-from gfl_bench.partition import (
+from gflbench.data import tiny_graph
+from gflbench.data.partition import (
     CLIENTS_PER_PART,
     DIRICHLET_MIN_NODES,
     TEST,
@@ -27,6 +26,7 @@ from gfl_bench.partition import (
     scheme_label,
     split_nodes,
 )  # fmt: skip
+from gflbench.errors import UserError
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +209,7 @@ def test_new_schemes_are_cached_by_their_setting(graph, tmp_path):
 
 def test_figures_name_every_scheme_by_its_own_title():
     """A convergence figure of a Louvain or Dirichlet run is not titled "overlapping" (it was, before)."""
-    from gfl_bench.partition import scheme_title
+    from gflbench.data.partition import scheme_title
 
     assert [scheme_title(s) for s in ("metis", "overlap", "louvain", "dirichlet-0.5", "file-0123456789abcdef")] == [
         "non-overlapping", "overlapping", "louvain", "dirichlet α=0.5", "split file 0123456789abcdef"]  # fmt: skip

@@ -8,11 +8,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cli import app
-from gfl_bench.method import all_methods
-from gfl_bench.runner import DataCache, run
-from gfl_bench.spec import make_spec, run_key_of
-from gfl_bench.store import RunStore
+from gflbench.commands.app import app
+from gflbench.core.method import all_methods
+from gflbench.experiments.runner import DataCache, run
+from gflbench.experiments.spec import make_spec, run_key_of
+from gflbench.experiments.store import RunStore
 
 NEW_SCHEMES = ("louvain", "dirichlet-0.5")
 SLOW_METHODS = ("adafgl", "fedsage+", "fediih")  # 6-30 s each on tiny under a loaded runner

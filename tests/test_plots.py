@@ -6,11 +6,11 @@ import pandas as pd
 import torch
 from typer.testing import CliRunner
 
-from cli import app
-from gfl_bench import plots
-from gfl_bench.spec import make_spec
-from gfl_bench.store import RunStore
-from gfl_bench.tables import Selection
+from gflbench.commands.app import app
+from gflbench.experiments.spec import make_spec
+from gflbench.experiments.store import RunStore
+from gflbench.paper import plots
+from gflbench.paper.tables import Selection
 
 
 def _put(runs: RunStore, method: str, seed: int, overrides: dict | None = None, test: float = 0.7) -> None:

@@ -1,4 +1,4 @@
-"""The `paper` preset data files (gfl_bench/presets/*.csv) and the one helper that reads them."""
+"""The `paper` preset data files (gfl_bench/experiments/presets/*.csv) and the one helper that reads them."""
 
 from __future__ import annotations
 
@@ -7,17 +7,17 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from baselines.fedici import FedICI
-from baselines.fedssa import FEDICI_BACKBONE_FIELDS, FedSSA
-from baselines.fedtad import FedTAD
-from cli import app
-from gfl_bench import presets
-from gfl_bench.datasets import DATASETS
-from gfl_bench.errors import UserError
-from gfl_bench.method import all_methods
-from gfl_bench.partition import SCHEMES
-from gfl_bench.protocol import write_tuned
-from gfl_bench.spec import make_spec, parse_overrides
+from gflbench.baselines.fedici import FedICI
+from gflbench.baselines.fedssa import FEDICI_BACKBONE_FIELDS, FedSSA
+from gflbench.baselines.fedtad import FedTAD
+from gflbench.commands.app import app
+from gflbench.core.method import all_methods
+from gflbench.data import DATASETS
+from gflbench.data.partition import SCHEMES
+from gflbench.errors import UserError
+from gflbench.experiments import presets
+from gflbench.experiments.protocol import write_tuned
+from gflbench.experiments.spec import make_spec, parse_overrides
 
 HEADER = "dataset,scheme,clients,key,value,source\n"
 SETTINGS = [(d, s, c) for d in DATASETS for s, counts in SCHEMES.items() for c in counts]
@@ -57,7 +57,7 @@ def test_every_value_has_a_source_and_is_a_valid_setting(file):
 
 
 def test_fedici_reads_its_config_blocks_and_the_code_readings():
-    cora = FedICI.paper_preset("cora", "metis", 10)
+    cora = presets.paper_preset(FedICI, "cora", "metis", 10)
     assert {k: cora[k] for k in ("levels", "hidden", "lr", "weight_decay", "graph_rule", "backbone")} == {
         "levels": "7", "hidden": "512", "lr": "0.15", "weight_decay": "0.0005", "graph_rule": "code", "backbone": "unifilter-code",
     }  # fmt: skip
@@ -77,21 +77,21 @@ def test_the_row_that_names_a_setting_most_closely_wins(folder):
         + "cora,metis,*,hidden,16,a dataset and a scheme\n"
         + "*,overlap,*,local_epochs,2,a scheme\n"
     )  # fmt: skip
-    assert FedTAD.paper_preset("citeseer", "metis", 10) == {"hidden": "64"}
-    assert FedTAD.paper_preset("cora", "metis", 10) == {"hidden": "16"}  # the scheme outranks the client count
-    assert FedTAD.paper_preset("cora", "overlap", 10) == {"hidden": "8", "local_epochs": "2"}
-    assert FedTAD.paper_preset("cora", "overlap", 30) == {"hidden": "32", "local_epochs": "2"}
+    assert presets.paper_preset(FedTAD, "citeseer", "metis", 10) == {"hidden": "64"}
+    assert presets.paper_preset(FedTAD, "cora", "metis", 10) == {"hidden": "16"}  # the scheme outranks the client count
+    assert presets.paper_preset(FedTAD, "cora", "overlap", 10) == {"hidden": "8", "local_epochs": "2"}
+    assert presets.paper_preset(FedTAD, "cora", "overlap", 30) == {"hidden": "32", "local_epochs": "2"}
 
 
 def test_fedssa_takes_fedicis_values_from_fedicis_file(folder):
     for setting in SETTINGS:
-        fedici = FedICI.paper_preset(*setting)
-        assert FedSSA.paper_preset(*setting) == {k: fedici[k] for k in FEDICI_BACKBONE_FIELDS if k in fedici}
-    assert FedSSA.paper_preset("cora", "metis", 10)["hidden"] == "512"
+        fedici = presets.paper_preset(FedICI, *setting)
+        assert presets.paper_preset(FedSSA, *setting) == {k: fedici[k] for k in FEDICI_BACKBONE_FIELDS if k in fedici}
+    assert presets.paper_preset(FedSSA, "cora", "metis", 10)["hidden"] == "512"
     # no copy of the table: a value changed in FedICI's file is FedSSA's value
     text = (folder / "fedici.csv").read_text()
     (folder / "fedici.csv").write_text(text.replace("cora,metis,10,hidden,512,", "cora,metis,10,hidden,1024,"))
-    assert FedSSA.paper_preset("cora", "metis", 10)["hidden"] == "1024"
+    assert presets.paper_preset(FedSSA, "cora", "metis", 10)["hidden"] == "1024"
 
 
 def test_set_switches_fedicis_graph_rule_alone():

@@ -16,13 +16,13 @@ from typing import ClassVar
 import pytest
 from typer.testing import CliRunner
 
-from baselines.fedavg import FedAvgParams
-from cli import app
-from gfl_bench.errors import UserError
-from gfl_bench.method import all_methods, resolve_params
-from gfl_bench.protocol import MissingTuning, write_tuned
-from gfl_bench.spec import keyed_params, make_spec
-from gfl_bench.store import RunStore
+from gflbench.baselines.fedavg import FedAvgParams
+from gflbench.commands.app import app
+from gflbench.core.method import all_methods, resolve_params
+from gflbench.errors import UserError
+from gflbench.experiments.protocol import MissingTuning, write_tuned
+from gflbench.experiments.spec import keyed_params, make_spec
+from gflbench.experiments.store import RunStore
 
 TINY = ["-d", "tiny", "--clients", "5", "--rounds", "4"]
 
@@ -162,7 +162,7 @@ def test_tune_resumes_after_kill(tmp_path):
     args = ["tune", "-m", "fedavg", "-d", "tiny", "--clients", "5", "--rounds", "60", "--trials", "4", "--no-prune",
             "--store", str(tmp_path / "runs.sqlite"), "--tuned-dir", str(tmp_path / "tuned"), "--device", "cpu"]  # fmt: skip
     env = {**os.environ, "GFLBENCH_DATA": str(tmp_path / "data")}
-    code = "import sys; from cli import app; sys.argv[0] = 'gflbench'; app()"
+    code = "import sys; from gflbench.commands.app import app; sys.argv[0] = 'gflbench'; app()"
     root = Path(__file__).resolve().parent.parent
     proc = subprocess.Popen([sys.executable, "-c", code, *args], env=env, cwd=root,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
@@ -193,7 +193,7 @@ def test_tune_resumes_after_kill(tmp_path):
 
 @pytest.mark.parametrize("name", sorted(all_methods()))
 def test_defaults_lie_inside_the_declared_ranges(name):
-    from gfl_bench.method import valid_ranges
+    from gflbench.core.method import valid_ranges
 
     params = all_methods()[name].Params()
     for key, bound in valid_ranges(type(params)).items():
@@ -206,7 +206,7 @@ def test_fair_searches_every_value_the_paper_protocol_uses(name):
     hyperparameter a method's `fair` study searches holds the value its `paper` configuration uses there
     (FedICI's lr 0.15 and width 512 once lay outside the shared ranges, and its `fair` Cora cell fell
     5.7 points below its `paper` one)."""
-    from gfl_bench.datasets import DATASETS
+    from gflbench.data import DATASETS
 
     space = all_methods()[name].Params.search_space
     outside = set()

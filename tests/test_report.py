@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from gfl_bench import tables
-from gfl_bench.report import MARKER, STAMP_ENV
-from gfl_bench.store import RunStore
+from gflbench.commands.app import app
+from gflbench.experiments.store import RunStore
+from gflbench.paper import tables
+from gflbench.report import MARKER, STAMP_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["-d", "tiny", "--rounds", "3"]  # the runs' schedule: the report must select the same configuration
@@ -88,10 +88,10 @@ def test_the_site_shows_the_stores_cells_with_marks_provenance_and_figures(site,
 
 def test_the_partitions_section_shows_each_partitions_heterogeneity(site):
     """One row per partition the runs trained on, with the numbers `gflbench partitions` computes for it."""
-    from gfl_bench.datasets import default_data_dir
-    from gfl_bench.heterogeneity import setting_summary
-    from gfl_bench.partition import DEFAULT_DATA_SEED
-    from gfl_bench.runner import DataCache
+    from gflbench.data import default_data_dir
+    from gflbench.data.heterogeneity import setting_summary
+    from gflbench.data.partition import DEFAULT_DATA_SEED
+    from gflbench.experiments.runner import DataCache
 
     section = re.search(r'<section id="partitions">(.*?)</section>', (site / "index.html").read_text(), re.S)
     assert section
@@ -274,8 +274,8 @@ def test_a_fedgmc_cell_shows_its_case_study_or_the_commands_that_make_it(tmp_pat
 def test_the_whole_grid_is_costed_from_the_measured_rounds(tmp_path, monkeypatch):
     """A run's seconds: its rounds × its method's round on its dataset × the method's Cora ratio of its setting;
     a method not timed on a dataset is scaled from FedAvg's round there; stand-ins and bounds are counted apart."""
-    from gfl_bench.report import grid
-    from gfl_bench.spec import make_spec
+    from gflbench.experiments.spec import make_spec
+    from gflbench.report import grid
 
     csv = tmp_path / "grid_cost.csv"
     rows = [("fedavg", "cora", "metis", 10, 1.0, "measured", "real"), ("fedgmc", "cora", "metis", 10, 2.0, "measured", "real"),

@@ -8,11 +8,11 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from gfl_bench.datasets import DATASETS
-from gfl_bench.errors import UserError
-from gfl_bench.metrics import accuracy, metric_of_clients, roc_auc
-from gfl_bench.runner import best_round, per_client_best, resolve_device, run
-from gfl_bench.spec import make_spec
+from gflbench.core.metrics import accuracy, metric_of_clients, roc_auc
+from gflbench.data import DATASETS
+from gflbench.errors import UserError
+from gflbench.experiments.runner import best_round, per_client_best, resolve_device, run
+from gflbench.experiments.spec import make_spec
 
 
 def test_best_round_is_first_maximum_of_validation():
@@ -112,7 +112,7 @@ def test_an_absent_cuda_index_is_a_user_error(monkeypatch):
 def test_seconds_per_round_column_is_the_median_after_the_first_round_for_new_records(tiny_federation, tmp_path):
     """Round 0 carries one-off work; a new record stores it apart and the column is the later rounds' median.
     A record written before (no `first_round_seconds`) keeps its column: the mean of all its rounds."""
-    from gfl_bench.store import RunStore, round_seconds
+    from gflbench.experiments.store import RunStore, round_seconds
 
     record = run(make_spec("fedavg", "tiny", "metis", 5, 0, rounds=4), tiny_federation, torch.device("cpu"))
     seconds = record["seconds_per_round"]
@@ -132,7 +132,7 @@ def test_nondeterministic_kernels_are_named_and_other_warnings_kept():
     warnings, so the record names the kernel instead. `put_` is one on the CPU too."""
     import warnings
 
-    from gfl_bench.randomness import nondeterministic_kernels, seed_everything
+    from gflbench.core.randomness import nondeterministic_kernels, seed_everything
 
     seed_everything(0, torch.device("cpu"))
     with warnings.catch_warnings(record=True) as shown:
@@ -154,7 +154,7 @@ def test_a_record_names_no_nondeterministic_kernel_on_the_cpu(tiny_federation, c
 def test_seeded_restores_the_runs_generators(monkeypatch):
     """FedSSA seeds each client's heads from (seed, client) and must leave the run's streams as they were:
     the CPU's (checked), and on CUDA the run's device generator, which `torch.manual_seed` reseeds too."""
-    from gfl_bench import randomness
+    from gflbench.core import randomness
 
     torch.manual_seed(5)
     before = torch.get_rng_state()
@@ -178,7 +178,7 @@ def test_cuda_peak_memory_counts_the_runs_own_graphs_once(monkeypatch):
     is left out, its own input graphs are counted once, cached or not. torch's CUDA counters faked."""
     from torch_geometric.data import Data
 
-    from gfl_bench import rounds
+    from gflbench.core import rounds
 
     counters = {"allocated": 0, "reserved": 0, "max_allocated": 0, "max_reserved": 0}
     for name, key in (

@@ -9,10 +9,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from gfl_bench.datasets import dataset_spec
-from gfl_bench.method import all_methods
-from gfl_bench.runner import DataCache, FederatedData, run
-from gfl_bench.spec import make_spec
+from gflbench.core.method import all_methods
+from gflbench.data import dataset_spec
+from gflbench.experiments.runner import DataCache, FederatedData, run
+from gflbench.experiments.spec import make_spec
 
 # FedSage+'s generator phase alone takes minutes on a 17k-node client; its tensors are per node × P slots.
 SKIPPED = {"fedsage+"}

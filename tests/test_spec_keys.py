@@ -1,6 +1,6 @@
 """Stored runs keep their keys: every committed record's run key follows from its configuration.
 
-`gflbench table` and `run` find a stored run by recomputing its key from a spec (gfl_bench/spec.py). A change
+`gflbench table` and `run` find a stored run by recomputing its key from a spec (gfl_bench/experiments/spec.py). A change
 to that computation (a new Params field, a field leaving the key, a renamed value) that would give any
 committed run another key orphans it silently; here it fails, naming the run.
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gfl_bench.errors import UserError
-from gfl_bench.spec import make_spec, spec_of_record
+from gflbench.errors import UserError
+from gflbench.experiments.spec import make_spec, spec_of_record
 
 RECORDS = sorted((Path(__file__).resolve().parent.parent / "results" / "records").glob("*.jsonl.gz"))
 

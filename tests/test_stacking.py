@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gfl_bench import execute
-from gfl_bench.execute import Environment, run_job, stacked_jobs
-from gfl_bench.runner import RunFailed, run, run_together
-from gfl_bench.spec import make_spec
+from gflbench.experiments import execute
+from gflbench.experiments.execute import Environment, run_job, stacked_jobs
+from gflbench.experiments.runner import RunFailed, run, run_together
+from gflbench.experiments.spec import make_spec
 
 CASES = [
     ("fedavg", {}), ("fedprox", {"mu": "0.5"}), ("gcfl", {}), ("fedpub", {}), ("fedgmc", {}),

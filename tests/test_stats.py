@@ -1,4 +1,4 @@
-"""Significance marks and rank statistics (gfl_bench/significance.py) against hand-computed numbers."""
+"""Significance marks and rank statistics (gfl_bench/paper/significance.py) against hand-computed numbers."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from gfl_bench import significance, tables
-from gfl_bench.errors import UserError
-from gfl_bench.significance import PairedTest, cell_means, compare_to_best, holm, rank_analysis
-from gfl_bench.spec import make_spec
-from gfl_bench.store import RunStore
+from gflbench.commands.app import app
+from gflbench.errors import UserError
+from gflbench.experiments.spec import make_spec
+from gflbench.experiments.store import RunStore
+from gflbench.paper import significance, tables
+from gflbench.paper.significance import PairedTest, cell_means, compare_to_best, holm, rank_analysis
 
 
 def test_paired_t_equals_the_hand_computed_value():

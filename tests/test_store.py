@@ -14,9 +14,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gfl_bench.errors import UserError
-from gfl_bench.execution import DEFAULT_EXECUTION_KEY
-from gfl_bench.store import SCHEMA_VERSION, Imported, RunStore, disagreements, distinct
+from gflbench.core.execution import DEFAULT_EXECUTION_KEY
+from gflbench.errors import UserError
+from gflbench.experiments.store import SCHEMA_VERSION, Imported, RunStore, disagreements, distinct
 
 GRID = ["run", "--method", "fedavg", "--dataset", "tiny", "--clients", "5", "--seeds", "6", "--rounds", "40"]
 
@@ -118,7 +118,7 @@ def test_store_written_before_the_client_best_columns_gains_them(tmp_path):
 # mid-grid whatever the machine's speed: the store's `put` is wrapped here, in the test, not in the executor.
 CHILD = """
 import sys, time
-from gfl_bench.store import RunStore
+from gflbench.experiments.store import RunStore
 after, put = int(sys.argv.pop(1)), RunStore.put
 
 def put_then_hold(self, record, *args, **kwargs):
@@ -127,7 +127,7 @@ def put_then_hold(self, record, *args, **kwargs):
         time.sleep(3600)
 
 RunStore.put = put_then_hold
-from cli import app
+from gflbench.commands.app import app
 sys.argv[0] = 'gflbench'
 app()
 """

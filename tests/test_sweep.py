@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from gfl_bench.errors import UserError
-from gfl_bench.spec import make_spec
-from gfl_bench.store import RunStore
-from gfl_bench.sweep import estimate, grid_specs, load_round_times, table_grid
+from gflbench.commands.app import app
+from gflbench.errors import UserError
+from gflbench.experiments.spec import make_spec
+from gflbench.experiments.store import RunStore
+from gflbench.paper.sweep import estimate, grid_specs, load_round_times, table_grid
 
 TINY = ["-d", "tiny", "--clients", "5", "--seeds", "2", "--rounds", "3"]
 
@@ -98,7 +98,7 @@ def test_sweep_under_ray_local_cluster(store):
 
 def test_ray_gives_cuda_runs_a_gpu_share():
     """Ray hides the GPUs from a task that reserves none: a CUDA run (or auto on a GPU cluster) gets a share."""
-    from gfl_bench.execute import ray_gpu_share
+    from gflbench.experiments.execute import ray_gpu_share
 
     assert ray_gpu_share("cuda", None, workers=4, cluster_gpus=1) == 0.25  # four runs share a GPU
     assert ray_gpu_share("cuda", None, workers=1, cluster_gpus=0) == 1.0  # the driver cannot see the GPUs
@@ -168,7 +168,7 @@ def test_dry_run_says_which_basis(store, tmp_path, monkeypatch):
 
 
 def test_packing_rule_is_bounded_by_cores_runs_and_memory():
-    from gfl_bench.sweep import CUDA_CONTEXT_MB, MAX_RUNS_PER_GPU, MEMORY_HEADROOM, packed_workers
+    from gflbench.paper.sweep import CUDA_CONTEXT_MB, MAX_RUNS_PER_GPU, MEMORY_HEADROOM, packed_workers
 
     per_gpu_run = 1400.0 + CUDA_CONTEXT_MB  # a run's process: its allocator's reserve and its CUDA context
     free = 6 * per_gpu_run / MEMORY_HEADROOM  # room for exactly six runs
@@ -185,7 +185,7 @@ def test_packing_rule_is_bounded_by_cores_runs_and_memory():
 
 
 def test_per_run_memory_comes_from_the_same_device_type(tmp_path):
-    from gfl_bench.sweep import run_memory_mb
+    from gflbench.paper.sweep import run_memory_mb
 
     measured = tmp_path / "round_times.csv"
     measured.write_text(MEASURED)
@@ -222,7 +222,7 @@ def test_table_all_is_every_table_and_figure_run_once(tmp_path):
     with_gmc = CliRunner().invoke(app, ["sweep", "--table", "all", "-d", "cora", "-m", "fedgmc", "--seeds", "1",
                                         "--dry-run", "--store", str(tmp_path / "none.sqlite")])  # fmt: skip
     assert with_gmc.exit_code == 0, with_gmc.output
-    from gfl_bench.plots import SENSITIVITY
+    from gflbench.paper.plots import SENSITIVITY
 
     varied = sum(len(values) for values in SENSITIVITY.values()) - len(SENSITIVITY) + 1  # the defaults once
     expected = 6 + varied - 1  # the default-valued sensitivity run is Table 1's FedGMC Cora-10 run

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from gfl_bench import tables
-from gfl_bench.spec import make_spec
-from gfl_bench.store import RunStore
-from gfl_bench.tables import Selection
+from gflbench.commands.app import app
+from gflbench.experiments.spec import make_spec
+from gflbench.experiments.store import RunStore
+from gflbench.paper import tables
+from gflbench.paper.tables import Selection
 
 GOLDEN = Path(__file__).parent / "golden"
 METHODS = ("local", "fedavg", "fedprox", "fedper")
@@ -120,7 +120,7 @@ def test_unknown_selection_rule_is_one_line(store):
 def test_ablation_table_marks_drops_and_gains_against_fedgmc():
     import pandas as pd
 
-    from gfl_bench.tables import Selection, ablation_table
+    from gflbench.paper.tables import Selection, ablation_table
 
     tests = {"fedgmc": 0.80, "fedgmc-wo-semantic": 0.78, "fedgmc-wo-structural": 0.81, "fedgmc-wo-refinement": 0.80}
     rows = []
@@ -149,8 +149,8 @@ def _terminal_text(store: Path, width: int) -> tuple[str, list]:
     """Table 1 of the fixture store printed on a terminal console `width` columns wide, and its blocks."""
     from rich.console import Console
 
-    from gfl_bench.method import all_methods
-    from gfl_bench.tables import CAPTIONS, Selection, render, results_table
+    from gflbench.core.method import all_methods
+    from gflbench.paper.tables import CAPTIONS, Selection, render, results_table
 
     with RunStore(store) as runs:
         frame = runs.frame()
@@ -246,9 +246,9 @@ def test_execution_band_spans_executions_and_kernel_switches_and_says_where_it_e
 
 def test_table_3_shows_each_graphs_partition_heterogeneity(tmp_path, monkeypatch):
     """Below the graphs, one row per loaded graph and client count: `heterogeneity.setting_summary`'s numbers."""
-    from gfl_bench.federation import DataCache
-    from gfl_bench.heterogeneity import SETTING_COLUMNS, setting_summary
-    from gfl_bench.partition import DEFAULT_DATA_SEED
+    from gflbench.core.federation import DataCache
+    from gflbench.data.heterogeneity import SETTING_COLUMNS, setting_summary
+    from gflbench.data.partition import DEFAULT_DATA_SEED
 
     # tiny is synthetic, which Table 3 leaves out: here it stands for a loaded graph
     tiny = dataclasses.replace(tables.graphs.DATASETS["tiny"], synthetic=False)

@@ -25,15 +25,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cli import app
-from gfl_bench.errors import UserError
-from gfl_bench.execution import DEFAULT_EXECUTION_KEY
-from gfl_bench.runner import DataCache, FederatedData, run
-from gfl_bench.spec import make_spec
-from gfl_bench.store import _COLUMNS, RunStore, _checksum, read_records
+from gflbench.commands.app import app
+from gflbench.core.execution import DEFAULT_EXECUTION_KEY
+from gflbench.errors import UserError
+from gflbench.experiments.runner import DataCache, FederatedData, run
+from gflbench.experiments.spec import make_spec
+from gflbench.experiments.store import _COLUMNS, RunStore, _checksum, read_records
 
 ROOT = Path(__file__).resolve().parent.parent
-CODE = "import sys; from cli import app; sys.argv[0] = 'gflbench'; app()"
+CODE = "import sys; from gflbench.commands.app import app; sys.argv[0] = 'gflbench'; app()"
 TINY = ["-d", "tiny", "--clients", "5", "--rounds", "3", "--device", "cpu"]
 
 
@@ -165,7 +165,7 @@ def test_1_a_setting_no_client_can_measure_is_refused_up_front(tiny_federation, 
             g.y = torch.ones_like(graph.y)  # every split of every client lacks class 0
         graphs.append(g)
     data = FederatedData("tiny", metric, tiny_federation.num_features, 2, tiny_federation.partition, graphs)
-    from gfl_bench.runner import check_measurable
+    from gflbench.experiments.runner import check_measurable
 
     with pytest.raises(UserError, match="tiny metis-5: no client"):
         check_measurable(data)
@@ -307,7 +307,7 @@ def test_5_a_run_finished_while_the_store_is_locked_is_spooled_and_imports(tmp_p
 
 
 def test_5_ctrl_c_while_waiting_for_the_lock_spools_the_run(tmp_path, monkeypatch, stored):
-    import gfl_bench.store.database as store_module  # the module RunStore reads these names in
+    import gflbench.experiments.store.database as store_module  # the module RunStore reads these names in
 
     def interrupted(seconds: float) -> None:
         raise KeyboardInterrupt
@@ -516,7 +516,7 @@ def test_low_an_export_killed_midway_leaves_nothing_after_the_next_export(env, s
 
 
 def test_low_a_tuned_file_write_removes_what_a_killed_tune_left(tmp_path):
-    from gfl_bench.protocol import write_tuned
+    from gflbench.experiments.protocol import write_tuned
 
     folder = tmp_path / "tuned"
     folder.mkdir()

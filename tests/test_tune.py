@@ -20,10 +20,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import gfl_bench.tune as tune_module
-from cli import app
-from gfl_bench.runner import FederatedData
-from gfl_bench.tune import RERUN_OF, Budget, TuneInterrupted, tune
+import gflbench.experiments.tune as tune_module
+from gflbench.commands.app import app
+from gflbench.experiments.runner import FederatedData
+from gflbench.experiments.tune import RERUN_OF, Budget, TuneInterrupted, tune
 
 ROUNDS = 12  # 1-3 s a trial on tiny; the pruner (on) may stop a trial from round 3 once 4 trials completed
 CLI = ["-m", "fedavg", "-d", "tiny", "--clients", "5", "--rounds", str(ROUNDS), "--device", "cpu"]
@@ -80,7 +80,7 @@ def _stopping_run(trial: int, at_round: int) -> Callable[..., dict[str, Any]]:
 # so the test kills it mid-trial at a known point whatever the machine's speed.
 HOLD_THIRD_TRIAL = """
 import sys, time
-import gfl_bench.tune as tune_module
+import gflbench.experiments.tune as tune_module
 held, real, calls = sys.argv[1], tune_module.run, []
 def run(spec, data, device, on_round):
     calls.append(spec)
@@ -91,7 +91,7 @@ def run(spec, data, device, on_round):
             time.sleep(3600)
     return real(spec, data, device, round_done)
 tune_module.run = run
-from cli import app
+from gflbench.commands.app import app
 sys.argv = ["gflbench", *sys.argv[2:]]
 app()
 """

@@ -7,7 +7,7 @@ Importing this package registers every backbone under its name (`BACKBONES`), in
 
 # ruff: noqa: I001  (the import order below is the order in which `BACKBONES` lists the backbones)
 
-from gfl_bench.backbones.base import (
+from gflbench.backbones.base import (
     BACKBONES,
     Backbone,
     ClientPass,
@@ -19,11 +19,11 @@ from gfl_bench.backbones.base import (
     prepared_key,
     register_backbone,
 )
-from gfl_bench.backbones.gcn import GCN
-from gfl_bench.backbones.sage import GraphSAGE
-from gfl_bench.backbones.h2gcn import EGO_ACTIVATIONS, FEDGMC_BACKBONE, H2GCN, H2GCNRepresentations
-from gfl_bench.backbones.gamlp import GAMLP
-from gfl_bench.backbones.unifilter import (
+from gflbench.backbones.gcn import GCN
+from gflbench.backbones.sage import GraphSAGE
+from gflbench.backbones.h2gcn import EGO_ACTIVATIONS, FEDGMC_BACKBONE, H2GCN, H2GCNRepresentations
+from gflbench.backbones.gamlp import GAMLP
+from gflbench.backbones.unifilter import (
     UniFilter,
     UniFilterCode,
     train_homophily,
@@ -31,7 +31,7 @@ from gfl_bench.backbones.unifilter import (
     unifilter_adjacency,
     unifilter_components,
 )
-from gfl_bench.backbones.disengcn import ROUTING_KERNELS, DisenGCN, neighbourhood_routing
+from gflbench.backbones.disengcn import ROUTING_KERNELS, DisenGCN, neighbourhood_routing
 
 __all__ = [
     "BACKBONES",

@@ -15,8 +15,8 @@ from torch.nn import functional as F
 from torch_geometric.data import Data
 from torch_geometric.utils import spmm
 
-from gfl_bench.dropout import dropout
-from gfl_bench.errors import UserError
+from gflbench.backbones.dropout import dropout
+from gflbench.errors import UserError
 
 
 def input_layer(graph: Data, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -71,7 +71,7 @@ class GraphPass(Protocol):
 
     Two implementations: `ClientPass`, one client's graph with parameters as `named_parameters()` holds
     them (the per-client path), and the batched executor's pass over every client's graph packed
-    together, with parameters that carry a leading client axis `[M, ...]` (gfl_bench/batched.py). The
+    together, with parameters that carry a leading client axis `[M, ...]` (gfl_bench/core/batched.py). The
     network's code is the same for both; only these products and the dropout differ, so that each
     path keeps its own kernels (and the per-client path its numbers, bit for bit).
     Shapes below for one client; the packed pass adds the client axis M in front of every one.
@@ -139,7 +139,7 @@ class StackedBackbone(Backbone, ABC):
     `network(p, g)` is the whole forward: `p` maps parameter names to tensors (as `named_parameters()`
     holds them, or `[M, *shape]` stacks of M clients), `g` is the `GraphPass` that supplies the
     products with the graph. `forward` is its one-client case; the batched executor
-    (gfl_bench/batched.py) calls the same `network` with stacked parameters and every client's
+    (gfl_bench/core/batched.py) calls the same `network` with stacked parameters and every client's
     graph packed together, so a stacked backbone is batchable by construction.
     """
 

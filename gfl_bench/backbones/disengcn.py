@@ -10,14 +10,14 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch_geometric.data import Data
 
-from gfl_bench.backbones.base import Backbone, input_layer, register_backbone
-from gfl_bench.dropout import dropout
-from gfl_bench.errors import UserError
-from gfl_bench.graph_ops import (
+from gflbench.backbones.base import Backbone, input_layer, register_backbone
+from gflbench.backbones.dropout import dropout
+from gflbench.backbones.graph_ops import (
     EdgeOperators,
     edge_dots,
     edge_weighted_sum,
 )
+from gflbench.errors import UserError
 
 ROUTING_KERNELS = ("gather", "sparse")
 

@@ -9,12 +9,12 @@ import torch
 from torch import Tensor, nn
 from torch_geometric.data import Data
 
-from gfl_bench.backbones.base import Backbone, register_backbone
-from gfl_bench.dropout import dropout
-from gfl_bench.errors import UserError
-from gfl_bench.graph_ops import (
+from gflbench.backbones.base import Backbone, register_backbone
+from gflbench.backbones.dropout import dropout
+from gflbench.backbones.graph_ops import (
     gcn_adjacency,
 )
+from gflbench.errors import UserError
 
 
 class GAMLP(Backbone):

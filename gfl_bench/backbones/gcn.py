@@ -20,8 +20,8 @@ from torch.nn import functional as F
 from torch_geometric.data import Data
 from torch_geometric.nn import GCNConv
 
-from gfl_bench.backbones.base import GraphPass, StackedBackbone, per_node, register_backbone
-from gfl_bench.graph_ops import gcn_adjacency
+from gflbench.backbones.base import GraphPass, StackedBackbone, per_node, register_backbone
+from gflbench.backbones.graph_ops import gcn_adjacency
 
 
 class GCN(StackedBackbone):

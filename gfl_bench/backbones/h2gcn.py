@@ -23,8 +23,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch_geometric.data import Data
 
-from gfl_bench.backbones.base import GraphPass, StackedBackbone, register_backbone
-from gfl_bench.graph_ops import h2gcn_adjacencies
+from gflbench.backbones.base import GraphPass, StackedBackbone, register_backbone
+from gflbench.backbones.graph_ops import h2gcn_adjacencies
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from torch.nn import functional as F
 from torch_geometric.data import Data
 from torch_geometric.nn import SAGEConv
 
-from gfl_bench.backbones.base import GraphPass, StackedBackbone, register_backbone
-from gfl_bench.graph_ops import binary_adjacency
+from gflbench.backbones.base import GraphPass, StackedBackbone, register_backbone
+from gflbench.backbones.graph_ops import binary_adjacency
 
 
 class GraphSAGE(StackedBackbone):

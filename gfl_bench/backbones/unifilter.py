@@ -12,9 +12,9 @@ from torch.nn import functional as F
 from torch_geometric.data import Data
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
-from gfl_bench.backbones.base import Backbone, register_backbone
-from gfl_bench.dropout import dropout
-from gfl_bench.errors import UserError
+from gflbench.backbones.base import Backbone, register_backbone
+from gflbench.backbones.dropout import dropout
+from gflbench.errors import UserError
 
 
 def unifilter_adjacency(edge_index: Tensor, num_nodes: int, dtype: torch.dtype = torch.float64) -> Tensor:

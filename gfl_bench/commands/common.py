@@ -1,6 +1,6 @@
 """What every gflbench command shares: the consoles (and a stream encoding that cannot fail), the one-line
 error handling, the option types, the parsers of comma-separated lists, and the readers of the store
-that several commands use. cli.py wires the commands of the modules beside this one into `gflbench`.
+that several commands use. app.py wires the commands of the modules beside this one into `gflbench`.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from gfl_bench.datasets import DATA_DIR_ENV, default_data_dir
-from gfl_bench.errors import UserError
-from gfl_bench.protocol import TUNED_ENV
-from gfl_bench.store import RESULTS_ENV, RunStore
+from gflbench.data import DATA_DIR_ENV, default_data_dir
+from gflbench.errors import UserError
+from gflbench.experiments.protocol import TUNED_ENV
+from gflbench.experiments.store import RESULTS_ENV, RunStore
 
 if TYPE_CHECKING:  # names for annotations only: importing them here would load torch for `--help`
-    from gfl_bench.spec import RunSpec
+    from gflbench.experiments.spec import RunSpec
 
 # Off a terminal (piped, redirected, a log file) nothing is wrapped or cut: lines are as long as they need.
 console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 10000)
@@ -122,7 +122,7 @@ WorkersOption = Annotated[
     int,
     typer.Option(
         help="Runs in parallel, each a whole run in its own process (several may share a GPU); 0: as many "
-        "as the cores and the measured per-run memory allow (gfl_bench/sweep.py `packed_workers`)."
+        "as the cores and the measured per-run memory allow (gfl_bench/paper/sweep.py `packed_workers`)."
     ),
 ]
 ThreadsOption = Annotated[
@@ -138,7 +138,7 @@ BatchedOption = Annotated[
     typer.Option(
         "--batched/--per-client",
         help="Train all clients of a batchable method in one pass per epoch (same numbers "
-        "up to float rounding on CPU; gfl_bench/batched.py). `gflbench methods` says which methods are (its "
+        "up to float rounding on CPU; gfl_bench/core/batched.py). `gflbench methods` says which methods are (its "
         "`batched` column, from each method's registration); the others run per client, and are named.",
     ),
 ]
@@ -147,7 +147,7 @@ StackOption = Annotated[
     typer.Option(
         help="Step up to N seeds of one configuration of a batchable method together in one process, every "
         "client of every seed in one batched pass (implies --batched for them); each seed's numbers are its "
-        "own (gfl_bench/randomness.py). Pays on a GPU; bench/stacked_seeds.py measures it."
+        "own (gfl_bench/core/randomness.py). Pays on a GPU; bench/stacked_seeds.py measures it."
     ),
 ]
 SparseOption = Annotated[
@@ -213,7 +213,7 @@ def _partition_file(
     path: Path, datasets: list[str], clients: str | None, data_dir: Path | None
 ) -> tuple[str, list[int], int]:
     """Check a split manifest, copy it into the partition cache: its scheme label, [client count], data seed."""
-    from gfl_bench.manifest import register
+    from gflbench.data.manifest import register
 
     if len(datasets) != 1:
         raise UserError(
@@ -229,7 +229,7 @@ def _partition_file_at_default_seed(
     path: Path, datasets: list[str], clients: str | None, data_dir: Path | None
 ) -> tuple[str, list[int]]:
     """`_partition_file` for sweep, tune and table, which run (or look up) the protocol's data seed only."""
-    from gfl_bench.partition import DEFAULT_DATA_SEED
+    from gflbench.data.partition import DEFAULT_DATA_SEED
 
     label, counts, data_seed = _partition_file(path, datasets, clients, data_dir)
     if data_seed != DEFAULT_DATA_SEED:
@@ -239,7 +239,7 @@ def _partition_file_at_default_seed(
 
 
 def _check_rule(selection: str) -> None:
-    from gfl_bench import tables
+    from gflbench.paper import tables
 
     tables.check_rule(selection)
 
@@ -280,7 +280,7 @@ def _some(items: list[str], shown: int = 5) -> str:
 
 
 def _table_numbers(number: str | None) -> list[int]:
-    from gfl_bench import tables
+    from gflbench.paper import tables
 
     if number is None:
         return [1, 2, 4, 5, 6, 7]
@@ -293,7 +293,7 @@ def _table_numbers(number: str | None) -> list[int]:
 
 def _chosen_methods(method: str | None, frame, registered: dict) -> list[str]:
     """The methods named on the command line (checked), else every registered method with stored runs, in paper order."""
-    from gfl_bench.tables import method_order
+    from gflbench.paper.tables import method_order
 
     names = split_list(method, "methods") if method else [m for m in frame["method"].unique() if m in registered]
     for m in names:

@@ -1,4 +1,4 @@
-"""`gflbench plot ...`: the paper's figures from stored runs (gfl_bench/plots.py)."""
+"""`gflbench plot ...`: the paper's figures from stored runs (gfl_bench/paper/plots.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from gfl_bench.commands.common import (
+from gflbench.commands.common import (
     AlphaOption,
     DatasetOption,
     EpochsOption,
@@ -26,10 +26,10 @@ from gfl_bench.commands.common import (
     parse_ints,
     split_list,
 )
-from gfl_bench.datasets import dataset_spec
-from gfl_bench.errors import UserError
-from gfl_bench.protocol import DEFAULT_PROTOCOL, check_protocol
-from gfl_bench.store import DEFAULT_STORE, RunStore
+from gflbench.data import dataset_spec
+from gflbench.errors import UserError
+from gflbench.experiments.protocol import DEFAULT_PROTOCOL, check_protocol
+from gflbench.experiments.store import DEFAULT_STORE, RunStore
 
 FIGURES = Path("results") / "figures"
 
@@ -51,10 +51,10 @@ def plot_convergence(
     store: StoreOption = DEFAULT_STORE,
 ) -> None:
     """Test metric per round, methods overlaid (paper Fig. 3, 6, 7; FedGMC's ablations only when named)."""
-    from gfl_bench import plots, tables
-    from gfl_bench.method import all_methods
-    from gfl_bench.partition import check_clients
-    from gfl_bench.spec import parse_overrides
+    from gflbench.core.method import all_methods
+    from gflbench.data.partition import check_clients
+    from gflbench.experiments.spec import parse_overrides
+    from gflbench.paper import plots, tables
 
     check_protocol(protocol)
     dataset_spec(dataset)
@@ -84,8 +84,8 @@ def plot_sensitivity(
     store: StoreOption = DEFAULT_STORE,
 ) -> None:
     """FedGMC's metric with std bars over Q, B, tau, eta (paper Fig. 4, 8, 9); runs from `sweep --table sensitivity`."""
-    from gfl_bench import plots, tables
-    from gfl_bench.partition import check_clients
+    from gflbench.data.partition import check_clients
+    from gflbench.paper import plots, tables
 
     dataset_spec(dataset)
     check_clients(partition, clients)
@@ -113,8 +113,8 @@ def plot_case_study(
     """t-SNE of FedGMC's anchors, class means, templates and local structural manifolds at two rounds (Fig. 5)."""
     import torch
 
-    from gfl_bench import plots
-    from gfl_bench.spec import make_spec, parse_overrides
+    from gflbench.experiments.spec import make_spec, parse_overrides
+    from gflbench.paper import plots
 
     before, after = parse_ints(rounds_, "rounds")[:2] if "," in rounds_ else (None, None)
     if before is None:
@@ -159,10 +159,10 @@ def plot_ranks(
     store: StoreOption = DEFAULT_STORE,
 ) -> None:
     """Average ranks over a table's cells: Friedman's test and a Nemenyi critical-difference diagram."""
-    from gfl_bench import plots, significance, tables
-    from gfl_bench.method import all_methods
-    from gfl_bench.partition import default_clients, scheme_label
-    from gfl_bench.spec import parse_overrides
+    from gflbench.core.method import all_methods
+    from gflbench.data.partition import default_clients, scheme_label
+    from gflbench.experiments.spec import parse_overrides
+    from gflbench.paper import plots, significance, tables
 
     check_protocol(protocol)
     tables.check_rule(selection)

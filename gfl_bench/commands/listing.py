@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from gfl_bench.commands.common import (
+from gflbench.commands.common import (
     DataDirOption,
     DataSeedOption,
     DatasetOption,
@@ -22,15 +22,15 @@ from gfl_bench.commands.common import (
     console,
     friendly,
 )
-from gfl_bench.datasets import dataset_spec, default_data_dir
-from gfl_bench.errors import UserError
-from gfl_bench.protocol import DEFAULT_PROTOCOL, PROTOCOLS, check_protocol
+from gflbench.data import dataset_spec, default_data_dir
+from gflbench.errors import UserError
+from gflbench.experiments.protocol import DEFAULT_PROTOCOL, PROTOCOLS, check_protocol
 
 
 @friendly
 def datasets(data_dir: DataDirOption = None) -> None:
     """The paper's Table 3 computed from the loaded data; datasets not present locally are marked absent."""
-    from gfl_bench import tables
+    from gflbench.paper import tables
 
     _show(tables.render(tables.dataset_table(data_dir or default_data_dir()), tables.CAPTIONS[3], "terminal"))
 
@@ -58,9 +58,9 @@ def partitions(
     import pandas as pd
     import torch
 
-    from gfl_bench import heterogeneity
-    from gfl_bench.partition import DEFAULT_DATA_SEED, check_clients, scheme_label
-    from gfl_bench.runner import DataCache
+    from gflbench.data import heterogeneity
+    from gflbench.data.partition import DEFAULT_DATA_SEED, check_clients, scheme_label
+    from gflbench.experiments.runner import DataCache
 
     data_seed = DEFAULT_DATA_SEED if data_seed is None else data_seed  # its value lives with the partitions
     if fmt not in ("terminal", "csv"):
@@ -72,7 +72,7 @@ def partitions(
     cache = DataCache(root, root / "partitions")
     data = cache.federated(dataset, scheme, clients, data_seed)
     if export is not None:
-        from gfl_bench.manifest import manifest_of, write_manifest
+        from gflbench.data.manifest import manifest_of, write_manifest
 
         manifest = manifest_of(data.partition, dataset, cache.graph(dataset))
         write_manifest(manifest, export)
@@ -122,16 +122,16 @@ def methods(
 ) -> None:
     """The registered methods with the backbone and hyperparameters a protocol resolves, and what `tune` searches.
 
-    Switches are listed apart from the hyperparameters (gfl_bench/switches.py): fidelity switches choose a
+    Switches are listed apart from the hyperparameters (gfl_bench/core/switches.py): fidelity switches choose a
     reading of the method's source (paper or released code, an interpretation), execution switches the
     arithmetic of the same math; `--set method.name=value` sets either."""
-    from gfl_bench import tables
-    from gfl_bench.execute import per_client_fallbacks
-    from gfl_bench.method import all_methods
-    from gfl_bench.partition import check_clients
-    from gfl_bench.protocol import MissingTuning
-    from gfl_bench.spec import make_spec
-    from gfl_bench.switches import EXECUTION, FIDELITY, switches
+    from gflbench.core.method import all_methods
+    from gflbench.core.switches import EXECUTION, FIDELITY, switches
+    from gflbench.data.partition import check_clients
+    from gflbench.experiments.execute import per_client_fallbacks
+    from gflbench.experiments.protocol import MissingTuning
+    from gflbench.experiments.spec import make_spec
+    from gflbench.paper import tables
 
     check_protocol(protocol)
     dataset_spec(dataset)

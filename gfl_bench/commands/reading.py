@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from gfl_bench.commands.common import (
+from gflbench.commands.common import (
     AlphaOption,
     DataDirOption,
     EpochsOption,
@@ -37,10 +37,10 @@ from gfl_bench.commands.common import (
     parse_ints,
     split_list,
 )
-from gfl_bench.datasets import dataset_spec, default_data_dir
-from gfl_bench.errors import UserError
-from gfl_bench.protocol import DEFAULT_PROTOCOL, check_protocol
-from gfl_bench.store import DEFAULT_STORE, RunStore
+from gflbench.data import dataset_spec, default_data_dir
+from gflbench.errors import UserError
+from gflbench.experiments.protocol import DEFAULT_PROTOCOL, check_protocol
+from gflbench.experiments.store import DEFAULT_STORE, RunStore
 
 
 @friendly
@@ -88,11 +88,11 @@ def table(
 
     In Tables 1, 2, 4, 5 and custom tables, each dataset column marks its best mean and the methods not
     significantly worse than it (docs/protocol.md, "Statistics")."""
-    from gfl_bench import planning, tables
-    from gfl_bench.method import all_methods
-    from gfl_bench.partition import DEFAULT_DATA_SEED, default_clients, scheme_label
-    from gfl_bench.significance import PairedTest
-    from gfl_bench.spec import check_participation, parse_overrides
+    from gflbench.core.method import all_methods
+    from gflbench.data.partition import DEFAULT_DATA_SEED, default_clients, scheme_label
+    from gflbench.experiments.spec import check_participation, parse_overrides
+    from gflbench.paper import planning, tables
+    from gflbench.paper.significance import PairedTest
 
     check_protocol(protocol)
     check_participation(participation)
@@ -209,11 +209,11 @@ def compare(
     store: StoreOption = DEFAULT_STORE,
 ) -> None:
     """Ours next to the paper's published numbers for every cell we have, with flags and a summary (Markdown)."""
-    from gfl_bench import tables
-    from gfl_bench.compare import COMPARABLE_TABLES, to_markdown
-    from gfl_bench.compare import compare as compare_cells
-    from gfl_bench.method import all_methods
-    from gfl_bench.spec import parse_overrides
+    from gflbench.core.method import all_methods
+    from gflbench.experiments.spec import parse_overrides
+    from gflbench.paper import tables
+    from gflbench.paper.compare import COMPARABLE_TABLES, to_markdown
+    from gflbench.paper.compare import compare as compare_cells
 
     check_protocol(protocol)
     tables.check_rule(selection)
@@ -271,11 +271,11 @@ def report(
     every cell's provenance, cost and per-client views (docs/report.md). SOURCE_DATE_EPOCH pins its stamp."""
     import tempfile
 
-    from gfl_bench import report as site
-    from gfl_bench.method import all_methods
-    from gfl_bench.significance import PairedTest
-    from gfl_bench.spec import parse_overrides
-    from gfl_bench.tables import check_rule
+    from gflbench import report as site
+    from gflbench.core.method import all_methods
+    from gflbench.experiments.spec import parse_overrides
+    from gflbench.paper.significance import PairedTest
+    from gflbench.paper.tables import check_rule
 
     if bool(files) != records:
         raise UserError("--records reads the exported record files that follow it (gflbench report --records FILE... "

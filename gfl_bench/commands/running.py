@@ -1,5 +1,5 @@
-"""`gflbench run`, `sweep` and `failed`: planning the runs (gfl_bench/planning.py), executing them
-(gfl_bench/execute.py) and saying what happened.
+"""`gflbench run`, `sweep` and `failed`: planning the runs (gfl_bench/paper/planning.py), executing them
+(gfl_bench/experiments/execute.py) and saying what happened.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from gfl_bench.commands.common import (
+from gflbench.commands.common import (
     BatchedOption,
     DataDirOption,
     DataSeedOption,
@@ -51,14 +51,14 @@ from gfl_bench.commands.common import (
     parse_ints,
     split_list,
 )
-from gfl_bench.datasets import default_data_dir
-from gfl_bench.errors import UserError
-from gfl_bench.protocol import DEFAULT_PROTOCOL, check_protocol
-from gfl_bench.store import DEFAULT_STORE, RunStore
+from gflbench.data import default_data_dir
+from gflbench.errors import UserError
+from gflbench.experiments.protocol import DEFAULT_PROTOCOL, check_protocol
+from gflbench.experiments.store import DEFAULT_STORE, RunStore
 
 if TYPE_CHECKING:  # names for annotations only: importing them here would load torch for `--help`
-    from gfl_bench.execute import Environment
-    from gfl_bench.spec import RunSpec
+    from gflbench.experiments.execute import Environment
+    from gflbench.experiments.spec import RunSpec
 
 
 @friendly
@@ -102,10 +102,10 @@ def run(
     snapshot_dir: Annotated[Path, typer.Option(help="Folder for snapshots.")] = Path("results") / "snapshots",
 ) -> None:
     """Train methods on datasets over the paper's partitions and seeds; store every finished run."""
-    from gfl_bench import planning
-    from gfl_bench.execute import Environment
-    from gfl_bench.partition import DEFAULT_DATA_SEED, check_clients, default_clients, scheme_label
-    from gfl_bench.spec import make_spec
+    from gflbench.data.partition import DEFAULT_DATA_SEED, check_clients, default_clients, scheme_label
+    from gflbench.experiments.execute import Environment
+    from gflbench.experiments.spec import make_spec
+    from gflbench.paper import planning
 
     data_seed = DEFAULT_DATA_SEED if data_seed is None else data_seed  # its value lives with the partitions
     check_protocol(protocol)
@@ -185,12 +185,12 @@ def sweep(
     participation: ParticipationOption = 1.0,
 ) -> None:
     """Run every run a paper table (or an explicit grid) needs that the store lacks, and nothing else."""
-    from gfl_bench import planning
-    from gfl_bench.execute import Environment
-    from gfl_bench.method import all_methods
-    from gfl_bench.partition import default_clients, scheme_label
-    from gfl_bench.spec import at_participation
-    from gfl_bench.sweep import SWEEP_TABLES, Grid, estimate
+    from gflbench.core.method import all_methods
+    from gflbench.data.partition import default_clients, scheme_label
+    from gflbench.experiments.execute import Environment
+    from gflbench.experiments.spec import at_participation
+    from gflbench.paper import planning
+    from gflbench.paper.sweep import SWEEP_TABLES, Grid, estimate
 
     check_protocol(protocol)
     _check_rule(selection)
@@ -232,7 +232,7 @@ def sweep(
     if dry_run:
         import pandas as pd
 
-        from gfl_bench.execute import pending
+        from gflbench.experiments.execute import pending
 
         if Path(store).exists():
             with RunStore(store) as runs:
@@ -250,7 +250,7 @@ def sweep(
             f"evaluation out, bench/round_times.csv includes it)"
         )
         if workers == 0 and todo:
-            from gfl_bench.runner import resolve_device
+            from gflbench.experiments.runner import resolve_device
 
             workers = _packed_workers(todo, str(resolve_device(env.device)))
         if workers > 1:
@@ -262,7 +262,7 @@ def sweep(
 
 def _packed_workers(todo: list[RunSpec], device: str) -> int:
     """`--workers 0`: the packing rule's worker count for these runs on this device, said in one line."""
-    from gfl_bench.sweep import free_memory_mb, load_round_times, packed_workers, run_memory_mb, usable_cores
+    from gflbench.paper.sweep import free_memory_mb, load_round_times, packed_workers, run_memory_mb, usable_cores
 
     run_mb, basis = run_memory_mb(todo, load_round_times(), device)
     free, cores = free_memory_mb(device), usable_cores()
@@ -285,8 +285,8 @@ def _run_grid(
     rerun: frozenset[str] = frozenset(),
 ) -> None:
     """Validate devices and data up front, then execute the missing runs with progress, then summarise."""
-    from gfl_bench.execute import Events, check_gpu_share, execute, pending, per_client_fallbacks
-    from gfl_bench.runner import DataCache, check_measurable, resolve_device
+    from gflbench.experiments.execute import Events, check_gpu_share, execute, pending, per_client_fallbacks
+    from gflbench.experiments.runner import DataCache, check_measurable, resolve_device
 
     _check_parallel(env.threads, workers)
     check_gpu_share(executor, env.device, gpus_per_run)

@@ -1,4 +1,4 @@
-"""`gflbench export` and `import`: stored runs to a file and back, every record checked (gfl_bench/store.py)."""
+"""`gflbench export` and `import`: stored runs to a file and back, every record checked (gfl_bench/experiments/store/)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from gfl_bench.commands.common import (
+from gflbench.commands.common import (
     FilterDatasetsOption,
     FilterMethodsOption,
     StoreOption,
@@ -17,8 +17,8 @@ from gfl_bench.commands.common import (
     friendly,
     split_list,
 )
-from gfl_bench.errors import UserError
-from gfl_bench.store import DEFAULT_STORE, RunStore
+from gflbench.errors import UserError
+from gflbench.experiments.store import DEFAULT_STORE, RunStore
 
 
 @friendly
@@ -30,7 +30,7 @@ def export(
 ) -> None:
     """Write stored runs (whole records: curves, config, provenance) to one file, to move them to another
     machine or commit the runs behind a table; `gflbench import` reads it back."""
-    from gfl_bench.store import write_records
+    from gflbench.experiments.store import write_records
 
     if not store.exists():
         raise UserError(f"no run store at {store}")
@@ -55,7 +55,7 @@ def import_runs(
     curves'), and records that disagree on a run are refused; then all new runs are stored in one
     transaction. A run already stored under the same execution (run key and execution key) is kept as it
     is, and said when it differs; another execution of a stored run is added beside it."""
-    from gfl_bench.store import differing_from_stored, disagreements, distinct, read_records
+    from gflbench.experiments.store import differing_from_stored, disagreements, distinct, read_records
 
     imported = [item for path in files for item in read_records(path)]
     clashes = disagreements(imported)

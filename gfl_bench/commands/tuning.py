@@ -1,4 +1,4 @@
-"""`gflbench tune`: the `fair` protocol's studies (gfl_bench/tune.py), with their progress."""
+"""`gflbench tune`: the `fair` protocol's studies (gfl_bench/experiments/tune.py), with their progress."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gfl_bench.commands.common import (
+from gflbench.commands.common import (
     DataDirOption,
     DatasetsOption,
     DeviceOption,
@@ -31,9 +31,9 @@ from gfl_bench.commands.common import (
     parse_ints,
     split_list,
 )
-from gfl_bench.datasets import default_data_dir
-from gfl_bench.errors import UserError
-from gfl_bench.store import DEFAULT_STORE
+from gflbench.data import default_data_dir
+from gflbench.errors import UserError
+from gflbench.experiments.store import DEFAULT_STORE
 
 
 @friendly
@@ -60,11 +60,11 @@ def tune(
     """Choose each method's hyperparameters on validation (Optuna), for `--protocol fair`; resumable after a kill."""
     import torch
 
-    from gfl_bench.partition import DEFAULT_DATA_SEED, check_clients, scheme_label
-    from gfl_bench.protocol import tuned_dir as resolve_tuned
-    from gfl_bench.runner import DataCache, check_measurable, resolve_device
-    from gfl_bench.spec import make_spec
-    from gfl_bench.tune import Budget, TuneInterrupted
+    from gflbench.data.partition import DEFAULT_DATA_SEED, check_clients, scheme_label
+    from gflbench.experiments.protocol import tuned_dir as resolve_tuned
+    from gflbench.experiments.runner import DataCache, check_measurable, resolve_device
+    from gflbench.experiments.spec import make_spec
+    from gflbench.experiments.tune import Budget, TuneInterrupted
 
     methods = split_list(method, "methods")
     datasets = split_list(dataset, "datasets")
@@ -107,10 +107,10 @@ def tune(
 def _tune_settings(settings: list[tuple[str, int]], methods: list[str], partition: str, budget: Any, cache: Any,
                    chosen_device: Any, storage: Path, folder: Path) -> None:  # fmt: skip
     """`tune`'s studies, setting by setting: a bar or one line per finished trial, a line per chosen configuration."""
-    from gfl_bench.partition import DEFAULT_DATA_SEED
-    from gfl_bench.protocol import tuned_file
-    from gfl_bench.tune import TrialReport
-    from gfl_bench.tune import tune as tune_method
+    from gflbench.data.partition import DEFAULT_DATA_SEED
+    from gflbench.experiments.protocol import tuned_file
+    from gflbench.experiments.tune import TrialReport
+    from gflbench.experiments.tune import tune as tune_method
 
     for d, m in settings:
         data = cache.federated(d, partition, m, DEFAULT_DATA_SEED)

@@ -7,10 +7,10 @@ bytes. The exceptions: the build stamp (`SOURCE_DATE_EPOCH` pins it, as in repro
 the partitions section, which recomputes each shown partition's heterogeneity from the datasets where
 they are present here (and says where they are not), checked against the partition hash the runs stored.
 
-Nothing here computes a statistic or a table of its own: the tables are `gfl_bench.tables`' blocks with
-`gfl_bench.significance`'s marks, the critical-difference diagram is `plots.ranks` on
-`significance.rank_analysis`, the paper's values and sources come from `gfl_bench.compare`, and the
-figures from `gfl_bench.plots` where it has them. What is new is the provenance of each cell (how its
+Nothing here computes a statistic or a table of its own: the tables are `gflbench.paper.tables`' blocks with
+`gflbench.paper.significance`'s marks, the critical-difference diagram is `plots.ranks` on
+`significance.rank_analysis`, the paper's values and sources come from `gflbench.paper.compare`, and the
+figures from `gflbench.paper.plots` where it has them. What is new is the provenance of each cell (how its
 number was read, its seeds, commits, command and hyperparameter sources), the per-client view and the
 cost view, which read the stored records.
 
@@ -21,7 +21,7 @@ then `overview` (configurations not shown, reproducibility, partitions) and `gri
 `text` words values the same way everywhere. Here: the names `gflbench report` and the tests use.
 """
 
-from gfl_bench.report.options import STAMP_ENV, Options, check_protocols, stamp
-from gfl_bench.report.output import MARKER, build, check_out, open_records
+from gflbench.report.options import STAMP_ENV, Options, check_protocols, stamp
+from gflbench.report.output import MARKER, build, check_out, open_records
 
 __all__ = ["MARKER", "STAMP_ENV", "Options", "build", "check_out", "check_protocols", "open_records", "stamp"]

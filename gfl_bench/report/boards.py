@@ -1,7 +1,7 @@
 """The results tables of one protocol's page: Tables 1, 2, 4, 5 (and one per scheme of the datasets no paper
 table has) as HTML-ready rows with their marks, the paper's values and links to each cell's provenance, the
-critical-difference diagram under each, and Table 6 (the ablations). The numbers are `gfl_bench.tables`'
-blocks and `gfl_bench.significance`'s marks: nothing here computes a statistic of its own."""
+critical-difference diagram under each, and Table 6 (the ablations). The numbers are `gflbench.paper.tables`'
+blocks and `gflbench.paper.significance`'s marks: nothing here computes a statistic of its own."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from typing import Any
 
 import pandas as pd
 
-from gfl_bench import plots, significance, tables
-from gfl_bench.datasets import dataset_spec
-from gfl_bench.errors import UserError
-from gfl_bench.paper import SOURCES
-from gfl_bench.report.site import Site
-from gfl_bench.report.text import plain_table, scheme_words, slug
-from gfl_bench.significance import BEST, FEW
+from gflbench.data import dataset_spec
+from gflbench.errors import UserError
+from gflbench.paper import plots, significance, tables
+from gflbench.paper.published import SOURCES
+from gflbench.paper.significance import BEST, FEW
+from gflbench.report.site import Site
+from gflbench.report.text import plain_table, scheme_words, slug
 
 
 def table_numbers(stored: pd.DataFrame) -> list[int | tuple[str, tuple[str, ...]]]:

@@ -1,4 +1,4 @@
-"""The report's own figures (the others are `gfl_bench.plots`'): accuracy against cost, and the clients' spread,
+"""The report's own figures (the others are `gflbench.paper.plots`'): accuracy against cost, and the clients' spread,
 drawn small for the page."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 import matplotlib.pyplot as plt
 import numpy as np
 
-from gfl_bench import plots  # selects matplotlib's file-only backend (Agg)
-from gfl_bench.report.text import metric_name
+from gflbench.paper import plots  # selects matplotlib's file-only backend (Agg)
+from gflbench.report.text import metric_name
 
 if TYPE_CHECKING:  # matplotlib.typing is newer than the oldest matplotlib the package takes (3.7)
     from matplotlib.typing import RcKeyType

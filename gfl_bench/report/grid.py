@@ -10,11 +10,11 @@ from typing import Any
 
 import pandas as pd
 
-from gfl_bench import plots, tables
-from gfl_bench.datasets import dataset_spec
-from gfl_bench.method import all_methods
-from gfl_bench.report.site import Site
-from gfl_bench.spec import RunSpec
+from gflbench.core.method import all_methods
+from gflbench.data import dataset_spec
+from gflbench.experiments.spec import RunSpec
+from gflbench.paper import plots, tables
+from gflbench.report.site import Site
 
 GRID_SEEDS = 10  # the paper's seeds per cell: the grid `gflbench sweep --table all` runs
 GRID_COST_CSV = "grid_cost.csv"  # bench/: seconds per round of every method on every dataset (bench/grid_cost.py)
@@ -28,8 +28,8 @@ def grid_cost(site: Site) -> dict[str, Any]:
     """What `gflbench sweep --table all` (protocol paper, seeds 0-9) still has to run, and how long that takes by
     `sweep.estimate` (the stored runs' seconds per round, else bench/round_times.csv), per table and in all.
     One estimate for the whole grid; a table's share of a cell is its runs' share (a cell's runs have one schedule)."""
-    from gfl_bench.execute import pending
-    from gfl_bench.sweep import SWEEP_TABLES, estimate, grid_specs, load_round_times, table_grid
+    from gflbench.experiments.execute import pending
+    from gflbench.paper.sweep import SWEEP_TABLES, estimate, grid_specs, load_round_times, table_grid
 
     registered = list(site.registered)
     parts = {f"Table {t}": grid_specs(table_grid(t, registered), GRID_SEEDS, {}) for t in SWEEP_TABLES}

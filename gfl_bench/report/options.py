@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gfl_bench.errors import UserError
-from gfl_bench.protocol import PROTOCOLS
-from gfl_bench.significance import PairedTest
+from gflbench.errors import UserError
+from gflbench.experiments.protocol import PROTOCOLS
+from gflbench.paper.significance import PairedTest
 
 STAMP_ENV = "SOURCE_DATE_EPOCH"  # seconds since 1970 (UTC); pins the build stamp (reproducible-builds.org)
 

@@ -16,16 +16,16 @@ from typing import Any
 import jinja2
 import matplotlib.pyplot as plt
 
-from gfl_bench.errors import UserError
-from gfl_bench.paper import SOURCES
-from gfl_bench.protocol import DEFAULT_PROTOCOL, PROTOCOLS
-from gfl_bench.report.grid import grid_cost
-from gfl_bench.report.options import STAMP_ENV, Options, stamp
-from gfl_bench.report.overview import other_configurations, partitions, reproducibility
-from gfl_bench.report.pages import protocol_page
-from gfl_bench.report.site import ASSETS, Site
-from gfl_bench.spec import HARNESS_VERSION
-from gfl_bench.store import RunStore, disagreements, read_records
+from gflbench.errors import UserError
+from gflbench.experiments.protocol import DEFAULT_PROTOCOL, PROTOCOLS
+from gflbench.experiments.spec import HARNESS_VERSION
+from gflbench.experiments.store import RunStore, disagreements, read_records
+from gflbench.paper.published import SOURCES
+from gflbench.report.grid import grid_cost
+from gflbench.report.options import STAMP_ENV, Options, stamp
+from gflbench.report.overview import other_configurations, partitions, reproducibility
+from gflbench.report.pages import protocol_page
+from gflbench.report.site import ASSETS, Site
 
 MARKER = ".gflbench-report.json"  # in every report folder: what was written, so a rebuild may replace it
 STATIC = ("style.css", "report.js")  # copied from the templates as they are
@@ -151,7 +151,7 @@ def _render(
 def _write(site: Site, context: Mapping[str, Any]) -> list[Path]:
     """The page from the template, then the static assets beside the figures; the files written."""
     env = jinja2.Environment(
-        loader=jinja2.PackageLoader("gfl_bench.report", "templates"),
+        loader=jinja2.PackageLoader("gflbench.report", "templates"),
         autoescape=jinja2.select_autoescape(["html", "j2"]),
         undefined=jinja2.StrictUndefined,  # a misspelt field is an error, not a silently empty cell
         trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
@@ -159,7 +159,7 @@ def _write(site: Site, context: Mapping[str, Any]) -> list[Path]:
     index = site.out / "index.html"
     index.write_text(env.get_template("index.html.j2").render(**context), encoding="utf-8")
     written = [index, *site.figures]
-    templates = resources.files("gfl_bench.report").joinpath("templates")
+    templates = resources.files("gflbench.report").joinpath("templates")
     for name in STATIC:
         target = site.out / ASSETS / name
         target.parent.mkdir(parents=True, exist_ok=True)

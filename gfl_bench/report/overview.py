@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from gfl_bench.datasets import dataset_spec
-from gfl_bench.errors import UserError
-from gfl_bench.report.options import STAMP_ENV
-from gfl_bench.report.site import Site
-from gfl_bench.report.text import scheme_words
+from gflbench.data import dataset_spec
+from gflbench.errors import UserError
+from gflbench.report.options import STAMP_ENV
+from gflbench.report.site import Site
+from gflbench.report.text import scheme_words
 
 
 def other_configurations(site: Site, shown: set[str]) -> list[str]:
@@ -66,9 +66,8 @@ def partitions(site: Site, shown: set[str], say: Callable[[str], None]) -> list[
     Records hold no node assignment, so it is remade from the data (cached as `gflbench run` caches it) and
     shown only when its hash is the runs'; where the data is absent here, or the remade partition differs,
     the row says so instead of showing numbers that may not be the runs' partition, and `say` hears it."""
-    from gfl_bench import heterogeneity
-    from gfl_bench.datasets import default_data_dir
-    from gfl_bench.runner import DataCache
+    from gflbench.data import default_data_dir, heterogeneity
+    from gflbench.experiments.runner import DataCache
 
     settings = sorted({(r["dataset"], r["scheme"], int(r["clients"]), int(r["data_seed"]), r.get("partition_hash"))
                        for r in site.records(sorted(shown))})  # fmt: skip

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from gfl_bench import tables
-from gfl_bench.compare import compare
-from gfl_bench.protocol import PROTOCOLS
-from gfl_bench.report.boards import ablations, board, table_numbers
-from gfl_bench.report.provenance import provenance
-from gfl_bench.report.site import Site
-from gfl_bench.report.text import slug
-from gfl_bench.report.views import client_view, convergence, cost, sensitivity
+from gflbench.experiments.protocol import PROTOCOLS
+from gflbench.paper import tables
+from gflbench.paper.compare import compare
+from gflbench.report.boards import ablations, board, table_numbers
+from gflbench.report.provenance import provenance
+from gflbench.report.site import Site
+from gflbench.report.text import slug
+from gflbench.report.views import client_view, convergence, cost, sensitivity
 
 
 def protocol_page(site: Site, protocol: str) -> dict[str, Any]:

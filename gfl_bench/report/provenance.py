@@ -9,14 +9,14 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from gfl_bench import plots, tables
-from gfl_bench.datasets import dataset_spec
-from gfl_bench.method import Method, method_class
-from gfl_bench.presets import PresetRow, read_preset
-from gfl_bench.protocol import DEFAULT_PROTOCOL, read_tuned, tuned_dir, tuned_file
-from gfl_bench.report.site import Site
-from gfl_bench.report.text import metric_name, pct, scheme_words, slug, utc
-from gfl_bench.spec import RunSpec
+from gflbench.core.method import Method, method_class
+from gflbench.data import dataset_spec
+from gflbench.experiments.presets import PresetRow, paper_preset, read_preset
+from gflbench.experiments.protocol import DEFAULT_PROTOCOL, read_tuned, tuned_dir, tuned_file
+from gflbench.experiments.spec import RunSpec
+from gflbench.paper import plots, tables
+from gflbench.report.site import Site
+from gflbench.report.text import metric_name, pct, scheme_words, slug, utc
 
 CASE_STUDY_METHOD = "fedgmc"  # the paper's case study (Fig. 5, 10-15) shows FedGMC's manifolds
 
@@ -159,7 +159,7 @@ def hyperparameters(site: Site, sel: tables.Selection, spec: RunSpec) -> list[di
         elif key in preset and sel.protocol == "paper":
             source = _preset_source(cls, preset[key])
         else:
-            source = f"the dataset's schedule (gfl_bench/datasets.py, {spec.dataset}: {own})"
+            source = f"the dataset's schedule (gfl_bench/data/registry.py, {spec.dataset}: {own})"
         rows.append({"key": key, "value": str(value), "source": source})
     return rows
 
@@ -184,15 +184,15 @@ def _reading(rule: str, metric: str, clients: int) -> dict[str, str]:
 
 
 def _preset_rows(cls: type[Method], dataset: str, scheme: str, clients: int) -> dict[str, PresetRow]:
-    """The preset file's row behind each value `Method.paper_preset` gives this setting (the row that names the
-    setting most closely, as gfl_bench/presets.py chooses it)."""
+    """The preset file's row behind each value `presets.paper_preset` gives this setting (the row that names the
+    setting most closely, as gfl_bench/experiments/presets.py chooses it)."""
     if cls.paper_preset_file is None:
         return {}
-    given = cls.paper_preset(dataset, scheme, clients)
+    given = paper_preset(cls, dataset, scheme, clients)
     matching = [row for row in read_preset(cls, cls.paper_preset_file) if row.matches(dataset, scheme, clients)]
     return {key: max((r for r in matching if r.key == key), key=lambda r: r.rank) for key in given}
 
 
 def _preset_source(cls: type[Method], row: PresetRow) -> str:
     where = ",".join("*" if v is None else str(v) for v in (row.dataset, row.scheme, row.clients))
-    return f"gfl_bench/presets/{cls.paper_preset_file}, row {where},{row.key}: {row.source}"
+    return f"gfl_bench/experiments/presets/{cls.paper_preset_file}, row {where},{row.key}: {row.source}"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from gfl_bench import tables
-from gfl_bench.method import all_methods
-from gfl_bench.report.options import Options
-from gfl_bench.store import RunStore
+from gflbench.core.method import all_methods
+from gflbench.experiments.store import RunStore
+from gflbench.paper import tables
+from gflbench.report.options import Options
 
 ASSETS = "assets"  # the site's folder of style sheet, script and figures
 

@@ -8,8 +8,8 @@ import re
 
 import pandas as pd
 
-from gfl_bench.datasets import dataset_spec
-from gfl_bench.partition import scheme_title
+from gflbench.data import dataset_spec
+from gflbench.data.partition import scheme_title
 
 
 def slug(*parts: object) -> str:

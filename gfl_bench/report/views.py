@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gfl_bench import plots, tables
-from gfl_bench.datasets import dataset_spec
-from gfl_bench.protocol import DEFAULT_PROTOCOL
-from gfl_bench.report.figures import client_figure, cost_figure
-from gfl_bench.report.site import Site
-from gfl_bench.report.text import metric_name, pct, scheme_words, slug
+from gflbench.data import dataset_spec
+from gflbench.experiments.protocol import DEFAULT_PROTOCOL
+from gflbench.paper import plots, tables
+from gflbench.report.figures import client_figure, cost_figure
+from gflbench.report.site import Site
+from gflbench.report.text import metric_name, pct, scheme_words, slug
 
 
 def cost(
