@@ -21,20 +21,19 @@ set-up and warm-up). Nothing is stored.
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import statistics
 
 from timing import RoundClock
 
 # An older tree's names first: where one is on PYTHONPATH (bench/paired_commits.py), it must win over the
 # `gflbench` namespace, which an editable install of the current tree makes importable everywhere.
-try:
-    from gfl_bench.datasets import default_data_dir  # type: ignore[import-not-found]  # noqa: I001
-    from gfl_bench.runner import DataCache, resolve_device, run  # type: ignore[import-not-found]
-    from gfl_bench.spec import make_spec  # type: ignore[import-not-found]
-except ImportError:
-    from gflbench.data import default_data_dir
-    from gflbench.experiments.runner import DataCache, resolve_device, run
-    from gflbench.experiments.spec import make_spec
+OLDER = importlib.util.find_spec("gfl_bench") is not None
+default_data_dir = importlib.import_module("gfl_bench.datasets" if OLDER else "gflbench.data").default_data_dir
+_runner = importlib.import_module("gfl_bench.runner" if OLDER else "gflbench.experiments.runner")
+DataCache, resolve_device, run = _runner.DataCache, _runner.resolve_device, _runner.run
+make_spec = importlib.import_module("gfl_bench.spec" if OLDER else "gflbench.experiments.spec").make_spec
 
 
 def main() -> None:

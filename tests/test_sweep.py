@@ -142,11 +142,37 @@ def test_estimate_falls_back_to_measured_round_times(tmp_path):
     on_gpu = estimate(specs[1:2], pd.DataFrame(), table, device="cuda:0")
     assert on_gpu["basis"].tolist() == ["round_times.csv"] and on_gpu["est. seconds"].tolist() == [0.1 * 4]
     stored = pd.DataFrame([{"method": "fedavg", "dataset": "tiny", "scheme": "metis", "clients": 5, "status": "ok",
-                            "seconds_per_round": 0.25}])  # fmt: skip
+                            "seconds_per_round": 0.25, "config_key": "another", "protocol": "fair",
+                            "finished_at": "2026-12-01T00:00:00"}])  # fmt: skip
     preferred = estimate(specs[:2], stored, table).set_index("clients")
     assert (
         preferred.loc[5, "basis"] == "store (1 runs)" and preferred.loc[10, "basis"] == "store, other settings (1 runs)"
     )
+
+
+def test_a_stored_estimate_reads_the_newest_runs_closest_to_the_cell():
+    """Same configuration before other configurations, the cell's protocol before others, and of those the newest
+    NEWEST runs' median: a store also holds tuning trials and runs of slower code (docs/results.md, "Sweep
+    estimates")."""
+    specs = [make_spec("fedavg", "tiny", "metis", 10, seed, rounds=4) for seed in range(2)]
+    own, protocol = specs[0].config_key, specs[0].protocol
+
+    def run(clients: int, seconds: float, key: str, day: int, proto: str = protocol) -> dict:
+        return {"method": "fedavg", "dataset": "tiny", "scheme": "metis", "clients": clients, "status": "ok",
+                "seconds_per_round": seconds, "config_key": key, "protocol": proto,
+                "finished_at": f"2026-12-{day:02d}T00:00:00"}  # fmt: skip
+
+    trials = [run(5, 9.0, f"trial{i}", 1, "fair") for i in range(6)]  # slow tuning trials of other widths
+    old = [run(5, 3.0, own, day) for day in (2, 3, 4)]  # the same configuration on slower code
+    new = [run(5, seconds, own, day) for seconds, day in ((0.5, 10), (0.7, 11), (0.6, 12), (0.4, 13), (0.8, 14))]
+    plan = estimate(specs, pd.DataFrame(trials + old + new), pd.DataFrame())
+    assert plan["basis"].tolist() == ["store, other settings, same configuration (5 runs)"]
+    assert plan["est. seconds"].tolist() == [0.6 * 4 * 2]  # the median of the five newest, two runs of four rounds
+    fair_only = estimate(specs, pd.DataFrame(trials), pd.DataFrame())
+    assert fair_only["basis"].tolist() == ["store, other settings (5 runs)"]  # nothing closer: any run of the method
+    in_cell = estimate(specs, pd.DataFrame([*new, run(10, 2.0, "other", 1), run(10, 1.0, own, 1)]), pd.DataFrame())
+    assert in_cell["basis"].tolist() == ["store, same configuration (1 runs)"]
+    assert in_cell["est. seconds"].tolist() == [1.0 * 4 * 2]
 
 
 def test_measured_table_needs_its_columns(tmp_path):

@@ -102,9 +102,12 @@ def estimate(
 ) -> pd.DataFrame:
     """Planned runs per cell with an estimated time, and the basis each estimate rests on.
 
-    Bases, first that applies: the store's mean seconds per round for the same method, dataset, scheme
-    and client count ("store"), else for the same method and dataset ("store, other settings"); both
-    leave evaluation out. Then the measured table (`measured`, default `load_round_times()`, evaluation
+    Bases, first that applies: the store's median seconds per round (evaluation left out) for the same method,
+    dataset, scheme and client count, of the cell's own configuration ("store, same configuration") or of any
+    ("store"); else for the same method and dataset in other settings, preferring the cell's configuration, then
+    its protocol, then any ("store, other settings"). A median of the closest runs, because a store also holds
+    tuning trials of other widths and runs timed on a loaded machine: a mean over all of them put estimates 3-8x
+    above the measured runs (docs/results.md, "Sweep estimates"). Then the measured table (`measured`, default `load_round_times()`, evaluation
     included): the same cell ("round_times.csv"), else the same method and dataset at the nearest
     measured client count, scaled in proportion to the client count (a rough rule: on these graphs a
     round's cost is mostly per-client work). `device` (e.g. "cpu", "cuda") keeps measured rows of that
@@ -120,7 +123,7 @@ def estimate(
     for spec in specs:
         cells.setdefault((spec.method, spec.dataset, spec.scheme, spec.clients), []).append(spec)
     for (method, dataset, scheme, clients), members in cells.items():
-        per_round, basis = _stored_basis(ok, method, dataset, scheme, clients)
+        per_round, basis = _stored_basis(ok, members)
         if basis == "none":
             per_round, basis = _measured_basis(table, method, dataset, scheme, clients)
         seconds = per_round * sum(s.rounds for s in members)
@@ -134,15 +137,28 @@ def _of_device_type(table: pd.DataFrame, device: str) -> pd.DataFrame:
     return table[table["device"].astype(str).str.split(":").str[0] == device.split(":")[0]]
 
 
-def _stored_basis(ok: pd.DataFrame, method: str, dataset: str, scheme: str, clients: int) -> tuple[float, str]:
+NEWEST = 5  # an estimate reads the newest runs of its basis: older ones ran slower code, or on a busier machine
+
+
+def _stored_basis(ok: pd.DataFrame, members: Sequence[RunSpec]) -> tuple[float, str]:
+    """The median stored seconds per round of the runs closest to one cell's planned runs (`estimate`)."""
     if not len(ok):
         return math.nan, "none"
-    same = ok[(ok["method"] == method) & (ok["dataset"] == dataset)]
-    exact = same[(same["scheme"] == scheme) & (same["clients"] == clients)]
-    if len(exact):
-        return float(exact["seconds_per_round"].mean()), f"store ({len(exact)} runs)"
-    if len(same):
-        return float(same["seconds_per_round"].mean()), f"store, other settings ({len(same)} runs)"
+    first = members[0]
+    same = ok[(ok["method"] == first.method) & (ok["dataset"] == first.dataset)]
+    configured = same["config_key"].isin({spec.config_key for spec in members})
+    protocol = same["protocol"] == first.protocol
+    cell = (same["scheme"] == first.scheme) & (same["clients"] == first.clients)
+    for rows, label in (
+        (cell & configured, "store, same configuration"),
+        (cell, "store"),
+        (configured, "store, other settings, same configuration"),
+        (protocol, f"store, other settings, {first.protocol}"),
+        (same["method"] == first.method, "store, other settings"),
+    ):
+        if rows.any():
+            newest = same[rows].sort_values("finished_at").tail(NEWEST)
+            return float(newest["seconds_per_round"].median()), f"{label} ({len(newest)} runs)"
     return math.nan, "none"
 
 
