@@ -16,6 +16,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+from matplotlib.colors import Colormap
 
 from gflbench.data import dataset_spec
 from gflbench.data.partition import scheme_title
@@ -175,18 +176,7 @@ def _semantic_panel(ax: plt.Axes, snap: Mapping, title: str) -> None:
         s=14,
         alpha=0.7,
     )
-    ax.scatter(
-        flat[:num_classes, 0],
-        flat[:num_classes, 1],
-        c=[colours(c % 20) for c in range(num_classes)],
-        marker="*",
-        s=260,
-        edgecolors="black",
-        linewidths=0.8,
-    )
-    ax.set_title(title, fontsize=10)
-    ax.set_xticks([])
-    ax.set_yticks([])
+    _centres(ax, flat[:num_classes], colours, title)
 
 
 def _structural_panel(ax: plt.Axes, snap: Mapping, title: str) -> None:
@@ -200,15 +190,14 @@ def _structural_panel(ax: plt.Axes, snap: Mapping, title: str) -> None:
     flat = _tsne(np.concatenate(points))
     if labels:
         ax.scatter(flat[q:, 0], flat[q:, 1], c=[colours(c % 20) for c in np.concatenate(labels)], s=6, alpha=0.5)
-    ax.scatter(
-        flat[:q, 0],
-        flat[:q, 1],
-        c=[colours(c % 20) for c in range(q)],
-        marker="*",
-        s=260,
-        edgecolors="black",
-        linewidths=0.8,
-    )
+    _centres(ax, flat[:q], colours, title)
+
+
+def _centres(ax: plt.Axes, centres: np.ndarray, colours: Colormap, title: str) -> None:
+    """A case-study panel's last strokes: its centres (prototypes or templates) as large stars, one colour each,
+    over the points already drawn, and the title on bare axes (t-SNE coordinates have no scale to show)."""
+    ax.scatter(centres[:, 0], centres[:, 1], c=[colours(c % 20) for c in range(len(centres))], marker="*", s=260,
+               edgecolors="black", linewidths=0.8)  # fmt: skip
     ax.set_title(title, fontsize=10)
     ax.set_xticks([])
     ax.set_yticks([])
