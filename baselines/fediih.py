@@ -101,8 +101,6 @@ class FedIIHParams(MethodParams):
         "norm_scale": positive(), "prior_var": positive(), "prior_var_alpha": positive(), "negative_ratio": positive(),
     }  # fmt: skip
 
-    added_after_runs = {"routing_kernel": "gather"}  # the kernel the stored Planetoid cells were run with
-
     backbone: str = "disengcn"
     hidden: int = 256  # h, width per factor (`n_latentdims`); parser default 256; Table 5 {128, 256}
     # Adam, both steps; Tables 3-4 use 0.01 in most cells (set_config's bare fallback 1e-3); Table 5 {0.01, 0.015, 0.02}

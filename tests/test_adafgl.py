@@ -359,10 +359,11 @@ def test_the_switch_keeps_each_clients_best_epoch_and_off_the_latest(tiny_federa
     assert earlier > 0  # the case exercises the difference
 
 
-def test_runs_stored_before_the_switch_keep_their_keys():
+def test_runs_stored_before_the_switch_are_found_with_it_on():
     """The AdaFGL records committed before the switch existed kept the best epoch and ran stage 1 at the shared
-    values: switched on, at those values and their schedule, a run has their key; the new default (off, the
-    official stage-1 values of presets/adafgl.csv) is another experiment with its own key."""
+    values; they were re-keyed with the switch on filled in (gfl_bench/experiments/upgrades.py): switched on, at
+    those values and their schedule, a run has their key; the new default (off, the official stage-1 values of
+    presets/adafgl.csv) is another experiment with its own key."""
     path = Path(__file__).resolve().parents[1] / "results" / "records" / "2026-12-02-paper.jsonl.gz"
     with gzip.open(path, "rt") as lines:
         stored = [r for r in map(json.loads, lines) if r["method"] == "adafgl" and r["protocol"] == "paper"]
@@ -373,7 +374,8 @@ def test_runs_stored_before_the_switch_keep_their_keys():
         schedule = {"rounds": record["config"]["rounds"], "local_epochs": record["config"]["local_epochs"]}
         on = make_spec("adafgl", *cell, shared, protocol="paper", **schedule)
         off = make_spec("adafgl", *cell, protocol="paper")
-        assert "keep_best_epoch" not in on.config()["params"] and on.run_key == record["run_key"]
+        assert record["upgrades"][0]["filled"] == {"keep_best_epoch": True}
+        assert on.config()["params"]["keep_best_epoch"] is True and on.run_key == record["run_key"]
         assert off.params.keep_best_epoch is False and off.config()["params"]["keep_best_epoch"] is False
         assert off.run_key != record["run_key"]
 

@@ -225,7 +225,7 @@ def test_per_client_selection_runs_and_tabulates_the_methods_own_selection(env):
     )
     with RunStore(env / "runs.sqlite") as store:
         (switched,) = store.records()
-    assert "keep_best_epoch" not in switched["config"]["params"]  # on: the value every earlier AdaFGL run had
+    assert switched["config"]["params"]["keep_best_epoch"] is True  # on, and in the key as every field is
 
     def shown(rule: str):
         result = runner.invoke(app, ["table", *common, "--seeds", "1", "--selection", rule, "-f", "csv"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -9,19 +10,16 @@ import sqlite3
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 from typer.testing import CliRunner
 
-from gflbench.baselines.fedavg import FedAvgParams
 from gflbench.commands.app import app
 from gflbench.core.method import all_methods, resolve_params
 from gflbench.errors import UserError
 from gflbench.experiments.protocol import MissingTuning, write_tuned
-from gflbench.experiments.spec import keyed_params, make_spec
+from gflbench.experiments.spec import make_spec
 from gflbench.experiments.store import RunStore
 
 TINY = ["-d", "tiny", "--clients", "5", "--rounds", "4"]
@@ -282,16 +280,15 @@ def test_parallel_tunes_of_one_setting_keep_every_entry(tmp_path):
     assert not list(tmp_path.glob("*.partial"))
 
 
-def test_a_field_added_after_runs_keys_only_its_other_values():
-    """`MethodParams.added_after_runs`: at the value earlier runs had, the field stays out of the key."""
-
-    @dataclass(frozen=True)
-    class Extended(FedAvgParams):
-        added_after_runs: ClassVar[dict[str, str]] = {"kernel": "old"}
-        kernel: str = "old"
-
-    assert keyed_params(Extended()) == keyed_params(FedAvgParams())
-    assert keyed_params(Extended(kernel="new")) == {**keyed_params(FedAvgParams()), "kernel": "new"}
+def test_every_params_field_enters_the_key_at_every_value():
+    """No field stays out of the key at any value: runs stored before a field existed are re-keyed instead
+    (gfl_bench/experiments/upgrades.py). FedIIH's routing kernel at its default is in the configuration, and
+    each kernel is its own configuration."""
+    gather = make_spec("fediih", "tiny", "metis", 5, 0)
+    assert gather.config()["params"] == dataclasses.asdict(gather.params)
+    assert gather.config()["params"]["routing_kernel"] == gather.params.routing_kernel
+    other = "sparse" if gather.params.routing_kernel == "gather" else "gather"
+    assert make_spec("fediih", "tiny", "metis", 5, 0, {"routing_kernel": other}).config_key != gather.config_key
 
 
 def _tuned_content(dataset: str = "tiny", scheme: str = "metis", clients: int = 5, entry: object = None) -> dict:

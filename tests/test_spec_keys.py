@@ -32,19 +32,26 @@ def test_every_committed_record_keeps_its_run_key():
 
 
 def test_a_record_that_predates_a_field_is_read_at_the_value_it_ran_with():
-    """AdaFGL's runs before `keep_best_epoch` kept the best epoch: read as True, they keep their key, which is
-    the key `make_spec` gives with the switch on; read at today's default (off) they would not."""
-    before = next(r for r in _records() if r["method"] == "adafgl" and "keep_best_epoch" not in r["config"]["params"])
+    """AdaFGL's runs before `keep_best_epoch` kept the best epoch. Their committed records were upgraded once
+    (gfl_bench/experiments/upgrades.py) and keep the keys they had in `upgrades`: the record as it was then (the
+    field absent, the old keys) is read with the switch on and gets the upgraded key, which is the key
+    `make_spec` gives with the switch on; read at today's default (off) it would not be."""
+    upgraded = next(r for r in _records() if r["method"] == "adafgl" and r.get("upgrades"))
+    (history,) = upgraded["upgrades"]
+    assert history["filled"] == {"keep_best_epoch": True}
+    params = {k: v for k, v in upgraded["config"]["params"].items() if k != "keep_best_epoch"}
+    before = {k: v for k, v in upgraded.items() if k != "upgrades"}
+    before |= {"config": {**upgraded["config"], "params": params}, "run_key": history["run_key"],
+               "config_key": history["config_key"]}  # fmt: skip
     spec = spec_of_record(before)
-    assert spec.params.keep_best_epoch is True
-    config = before["config"]
+    assert spec.params.keep_best_epoch is True and spec.run_key == upgraded["run_key"] != history["run_key"]
+    config = upgraded["config"]
     again = make_spec("adafgl", before["dataset"], before["scheme"], before["clients"], before["seed"],
-                      {k: json.dumps(v) if isinstance(v, bool) else str(v) for k, v in config["params"].items()}
-                      | {"keep_best_epoch": "true"}, config["rounds"], config["local_epochs"], config["data_seed"],
-                      config["protocol"])  # fmt: skip
-    assert again.run_key == before["run_key"] == spec.run_key
+                      {k: json.dumps(v) if isinstance(v, bool) else str(v) for k, v in config["params"].items()},
+                      config["rounds"], config["local_epochs"], config["data_seed"], config["protocol"])  # fmt: skip
+    assert again.run_key == upgraded["run_key"]
     assert make_spec("adafgl", before["dataset"], before["scheme"], before["clients"], before["seed"],
-                     {"keep_best_epoch": "false"}).run_key != before["run_key"]  # fmt: skip
+                     {"keep_best_epoch": "false"}).run_key != upgraded["run_key"]  # fmt: skip
 
 
 def test_a_record_of_another_harness_or_with_unknown_fields_is_refused_in_one_line():

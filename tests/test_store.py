@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import signal
 import sqlite3
@@ -16,7 +17,20 @@ import pytest
 
 from gflbench.core.execution import DEFAULT_EXECUTION_KEY
 from gflbench.errors import UserError
-from gflbench.experiments.store import SCHEMA_VERSION, Imported, RunStore, disagreements, distinct
+from gflbench.experiments.records import config_key_of, run_key_of
+from gflbench.experiments.spec import spec_of_record
+from gflbench.experiments.store import (
+    SCHEMA_VERSION,
+    Imported,
+    RunStore,
+    differing_from_stored,
+    disagreements,
+    distinct,
+    read_records,
+)  # fmt: skip
+from gflbench.experiments.upgrades import FIELDS_ADDED, upgrade_record
+
+RECORDS = Path(__file__).resolve().parent.parent / "results" / "records"
 
 GRID = ["run", "--method", "fedavg", "--dataset", "tiny", "--clients", "5", "--seeds", "6", "--rounds", "40"]
 
@@ -30,6 +44,23 @@ def _record(key: str, test: float = 0.5) -> dict:
     }  # fmt: skip
 
 
+def _committed_record(method: str, lacking: str) -> dict:
+    """A committed run of `method` as a gflbench from before the field `lacking` existed stored it: the field out
+    of its configuration, its keys computed without it, no upgrade history."""
+    old_value = FIELDS_ADDED[method][lacking]
+    for path in sorted(RECORDS.glob("*.jsonl.gz")):
+        for line in gzip.open(path, "rt", encoding="utf-8"):
+            record = json.loads(line)
+            if record["method"] == method and record["config"]["params"].get(lacking, old_value) == old_value:
+                params = {k: v for k, v in record["config"]["params"].items() if k != lacking}
+                config = {**record["config"], "params": params}
+                config_key = config_key_of(config)
+                run_key = run_key_of(config_key, record["dataset"], record["scheme"], record["clients"], record["seed"])
+                stored = {k: v for k, v in record.items() if k != "upgrades"}
+                return {**stored, "config": config, "config_key": config_key, "run_key": run_key}
+    raise AssertionError(f"no committed {method} run with {lacking}={old_value}")
+
+
 def test_put_is_idempotent_unless_replaced(tmp_path):
     with RunStore(tmp_path / "runs.sqlite") as store:
         store.put(_record("a", 0.5))
@@ -40,22 +71,37 @@ def test_put_is_idempotent_unless_replaced(tmp_path):
         assert store.frame()["seconds_per_round"].tolist() == [pytest.approx(0.2)]
 
 
-def test_a_schema_2_store_is_migrated_to_execution_keys_keeping_every_run(tmp_path):
+def test_a_schema_2_store_is_migrated_to_execution_keys_and_full_keys_keeping_every_run(tmp_path):
     """tests/golden/store-schema2.sqlite.gz was written by the store of schema 2 (run key alone as the primary
-    key) from three committed records (FedAvg and FedIIH on Cora, FedIIH's sparse kernel on Minesweeper)."""
+    key) from three committed records (FedAvg and FedIIH on Cora, FedIIH's sparse kernel on Minesweeper).
+    Schema 3 keys them by execution; schema 4 re-keys the FedIIH Cora run, stored before its routing kernel was
+    a field, with the kernel it ran with (gather); the other two already held every field and keep their keys."""
     path = tmp_path / "old.sqlite"
     path.write_bytes(gzip.decompress((Path(__file__).parent / "golden" / "store-schema2.sqlite.gz").read_bytes()))
     old = sqlite3.connect(path)
-    before = old.execute("SELECT run_key, config_key, test, record FROM runs ORDER BY run_key").fetchall()
+    before = old.execute("SELECT run_key, config_key, method, test, record FROM runs ORDER BY run_key").fetchall()
     assert old.execute("PRAGMA user_version").fetchone()[0] == 2
     assert "execution_key" not in {row[1] for row in old.execute("PRAGMA table_info(runs)")}
     old.close()
+    params = {row[0]: json.loads(row[4])["config"]["params"] for row in before}
+    lacking = [row for row in before if row[2] == "fediih" and "routing_kernel" not in params[row[0]]]
+    assert len(lacking) == 1 and [row[2] for row in before].count("fediih") == 2  # the one run to re-key
+    expected = {upgrade_record(json.loads(row[4]))["run_key"]: row for row in before}
+    assert len(expected) == 3 and lacking[0][0] not in expected
     with RunStore(path) as store:
-        assert store.frame()["run_key"].sort_values().tolist() == [row[0] for row in before]
+        assert sorted(store.frame()["run_key"]) == sorted(expected)
+        for key, (old_key, old_config, _, test, text) in expected.items():
+            record = store.record(key)
+            assert record["test"] == test and record["curves"] == json.loads(text)["curves"]  # values unchanged
+            if key == old_key:
+                assert record == json.loads(text) and record["config_key"] == old_config
+            else:
+                assert record["config"]["params"]["routing_kernel"] == "gather" and record["config_key"] != old_config
+                assert record["upgrades"] == [{"schema": 4, "filled": {"routing_kernel": "gather"},
+                                               "run_key": old_key, "config_key": old_config}]  # fmt: skip
+                assert spec_of_record(record).run_key == key  # the key today's spec gives
     migrated = sqlite3.connect(path)
-    after = migrated.execute("SELECT run_key, config_key, test, record FROM runs ORDER BY run_key").fetchall()
-    assert after == before  # keys, values and records unchanged
-    assert migrated.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert migrated.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     executions = migrated.execute("SELECT DISTINCT execution_key FROM runs").fetchall()
     assert executions == [(DEFAULT_EXECUTION_KEY,)] == [("per-client/dense/alone/cpu",)]
     migrated.execute("UPDATE runs SET test = test + 0.01 WHERE rowid = (SELECT MIN(rowid) FROM runs)")
@@ -63,6 +109,35 @@ def test_a_schema_2_store_is_migrated_to_execution_keys_keeping_every_run(tmp_pa
     migrated.close()
     with pytest.raises(UserError, match="1 runs no longer match their checksum"):  # checksums were rewritten, and hold
         RunStore(path)
+
+
+def test_a_schema_3_store_is_re_keyed_once_and_an_old_file_imports_under_the_new_keys(tmp_path):
+    """A store of schema 3 holding an AdaFGL run from before `keep_best_epoch` existed: opening it fills the
+    value the run had (True) and re-keys it, once (a second open changes nothing); an export file of the same
+    old record imports into a new store under the same new key, and into the migrated one as a duplicate."""
+    record = _committed_record("adafgl", lacking="keep_best_epoch")
+    path = tmp_path / "v3.sqlite"
+    with RunStore(path) as store:
+        store.put(record)
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version = 3")  # as a schema-3 gflbench left it: the old key, the field absent
+    db.commit()
+    db.close()
+    new_key = upgrade_record(record)["run_key"]
+    assert new_key != record["run_key"]
+    with RunStore(path) as store:
+        assert record["run_key"] not in store and new_key in store
+        upgraded = store.record(new_key)
+        assert upgraded["config"]["params"]["keep_best_epoch"] is True
+        assert spec_of_record(upgraded).params.keep_best_epoch is True
+    with RunStore(path) as store:  # already at schema 4: nothing moves again
+        assert list(store.frame()["run_key"]) == [new_key] and len(store.record(new_key)["upgrades"]) == 1
+    old_file = tmp_path / "old.jsonl.gz"
+    with gzip.open(old_file, "wt") as out:
+        out.write(json.dumps(record) + "\n")
+    (imported,) = read_records(old_file)
+    assert imported.record["run_key"] == new_key and imported.record == upgraded
+    assert differing_from_stored(RunStore(path), [imported.record]) == []
 
 
 def test_two_executions_of_one_run_are_both_kept_and_tables_read_the_reference(tmp_path):

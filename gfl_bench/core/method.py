@@ -135,12 +135,6 @@ class MethodParams:
     bounds: ClassVar[Mapping[str, Bound]] = {
         "hidden": at_least(1), "lr": positive(), "weight_decay": non_negative(), "dropout": unit_interval(high_open=True),
     }  # fmt: skip
-    # Fields added after runs were stored, each with the value those runs had: at that value a field
-    # stays out of the run key (gfl_bench/experiments/spec.py), so the stored runs keep matching; any other value
-    # (a default that differs, like AdaFGL's keep_best_epoch) enters the key. Only for a value that
-    # computes exactly what the stored runs computed.
-    added_after_runs: ClassVar[Mapping[str, Any]] = {}
-
     backbone: str = "gcn"
     hidden: int = 128
     lr: float = 0.01

@@ -25,6 +25,7 @@ from gflbench.data.partition import DEFAULT_DATA_SEED, check_clients, check_data
 from gflbench.errors import UserError
 from gflbench.experiments.protocol import DEFAULT_PROTOCOL, protocol_schedule, protocol_values, tuned_source
 from gflbench.experiments.records import config_key_of, run_key_of
+from gflbench.experiments.upgrades import upgrade_record
 
 HARNESS_VERSION = 2  # 2: protocols (paper defaults: GCN baselines, plain mean, FED-PUB code regularisers)
 
@@ -52,7 +53,7 @@ class RunSpec:
         """The resolved configuration shared by every seed and partition of this method on this dataset."""
         return {
             "method": self.method,
-            "params": keyed_params(self.params),
+            "params": dataclasses.asdict(self.params),  # every field: records stored before one existed are upgraded
             "rounds": self.rounds,
             "local_epochs": self.local_epochs,
             "data_seed": self.data_seed,
@@ -69,30 +70,22 @@ class RunSpec:
         return run_key_of(self.config_key, self.dataset, self.scheme, self.clients, self.seed, self.participation)
 
 
-def keyed_params(params: MethodParams) -> dict[str, Any]:
-    """The hyperparameters that enter the key: all, except a field of `added_after_runs` at the value
-    the runs stored before it existed had (they are the same experiment)."""
-    added = type(params).added_after_runs
-    return {
-        name: value for name, value in dataclasses.asdict(params).items() if name not in added or value != added[name]
-    }
-
-
 def spec_of_record(record: Mapping[str, Any]) -> RunSpec:
-    """The spec a stored record was computed from: its configuration's values, and a field the record predates
-    at the value its run had (`added_after_runs`; any other field it lacks was not there, and has its default).
+    """The spec a stored record was computed from: its configuration's values, a field the record predates at the
+    value its run had (`upgrades.upgrade_record`; the store and `gflbench import` have already applied it), and any
+    other field it lacks at its default.
 
-    Its run key is the record's: tests/test_spec_keys.py holds every committed record to that, so a change to
-    how keys are computed that would orphan stored runs fails there. A record of another harness version, or
-    of a method or field this package lacks, is a UserError."""
+    Its run key is the (upgraded) record's: tests/test_spec_keys.py holds every committed record to that, so a
+    change to how keys are computed that would orphan stored runs fails there. A record of another harness
+    version, or of a method or field this package lacks, is a UserError."""
+    record = upgrade_record(record)
     config = record["config"]
     if config.get("harness") != HARNESS_VERSION:
         raise UserError(f"run {record['run_key']} was computed by harness version {config.get('harness')}, "
                         f"this one is {HARNESS_VERSION}")  # fmt: skip
     method_cls = method_class(record["method"])
-    values = {**method_cls.Params.added_after_runs, **config["params"]}
     try:
-        params = method_cls.Params(**values)
+        params = method_cls.Params(**config["params"])
     except TypeError as error:
         raise UserError(f"run {record['run_key']}: its parameters do not fit {record['method']}'s ({error})") from None
     return RunSpec(record["method"], params, record["dataset"], record["scheme"], record["clients"], record["seed"],

@@ -17,6 +17,7 @@ from pathlib import Path
 from gflbench.errors import UserError
 from gflbench.experiments.store.checks import check_record
 from gflbench.experiments.store.rows import _json
+from gflbench.experiments.upgrades import upgrade_record
 
 
 def _check_target(path: Path) -> None:
@@ -77,9 +78,10 @@ class Imported:
 
 
 def read_records(path: Path) -> list[Imported]:
-    """Every record of a `write_records` file, each checked before any is stored (`check_record`): a
-    file that is not JSON Lines, a non-finite number, or a line that is not a consistent run record is
-    a UserError naming the file and line."""
+    """Every record of a `write_records` file, each checked before any is stored (`check_record`) and then
+    brought up to today's keys (`upgrades.upgrade_record`: a file written before a field of its method existed
+    imports under the keys today's specs give): a file that is not JSON Lines, a non-finite number, or a line
+    that is not a consistent run record is a UserError naming the file and line."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     records = []
@@ -98,7 +100,7 @@ def read_records(path: Path) -> list[Imported]:
                 problem = check_record(record)
                 if problem:
                     raise UserError(f"{where}: {problem}; nothing was imported")
-                records.append(Imported(record, where))
+                records.append(Imported(upgrade_record(record), where))
     except (OSError, EOFError, UnicodeDecodeError) as error:
         raise UserError(f"cannot read {path}: {error}") from None
     return records

@@ -1,6 +1,7 @@
 """The store's table: its columns, its checksum, and what opening a file does: a store that SQLite finds damaged,
 that a newer gflbench wrote, or that is another program's file is refused; an older gflbench's store is brought
-up to the current schema, each step in one transaction."""
+up to the current schema, each step in one transaction (schema 4 re-keys runs stored before a field of their
+method existed: gfl_bench/experiments/upgrades.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from pathlib import Path
 
 from gflbench.core.execution import execution_key
 from gflbench.errors import UserError
+from gflbench.experiments.upgrades import FIELDS_ADDED, UPGRADE_SCHEMA, upgrade_record
 
-# PRAGMA user_version; 2: the protocol column; 3: runs keyed by (run key, execution key) (`_migrate_to_executions`).
+# PRAGMA user_version; 2: the protocol column; 3: runs keyed by (run key, execution key) (`_migrate_to_executions`);
+# 4: runs stored before a field of their method existed re-keyed with it (`_migrate_to_full_keys`).
 # A newer store is refused, never rewritten.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = UPGRADE_SCHEMA
 
 _COLUMNS = (
     "run_key", "execution_key", "config_key", "method", "protocol", "dataset", "scheme", "clients", "data_seed", "seed",
@@ -74,8 +77,7 @@ def set_up(db: sqlite3.Connection) -> None:
     db.executescript(_SCHEMA)
     _add_missing_columns(db)
     _migrate_to_executions(db)
-    if db.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
-        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    _migrate_to_full_keys(db)
 
 
 def check(db: sqlite3.Connection, path: Path) -> None:
@@ -142,6 +144,37 @@ def _migrate_to_executions(db: sqlite3.Connection) -> None:
         db.execute("DROP TABLE runs")
         db.execute("ALTER TABLE runs_by_execution RENAME TO runs")
         db.execute(_INDEX)
+        db.execute("PRAGMA user_version = 3")
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
+def _migrate_to_full_keys(db: sqlite3.Connection) -> None:
+    """Schema 4: every stored run of a method whose Params gained a field after it ran gets the field at the
+    value it ran with, and the config and run keys that follow (`upgrades.upgrade_record`, which keeps the old
+    keys in the record's `upgrades`), in one transaction; values, curves and execution keys stay as they were.
+    Where the store already holds the upgraded run under the same execution (an import of an upgraded file),
+    the row stored first is kept, as `put` keeps it. A new store has nothing to upgrade and is marked 4."""
+    from gflbench.experiments.store.rows import _row  # rows reads this module's columns
+
+    db.execute("BEGIN IMMEDIATE")  # another process migrating the same store waits here, then finds it done
+    try:
+        if db.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
+            db.execute("ROLLBACK")
+            return
+        marks = ", ".join("?" for _ in FIELDS_ADDED)
+        stored = db.execute(f"SELECT rowid, record FROM runs WHERE method IN ({marks})", tuple(FIELDS_ADDED))
+        for rowid, text in stored.fetchall():
+            record = json.loads(text)
+            upgraded = upgrade_record(record)
+            if upgraded["run_key"] == record["run_key"]:
+                continue
+            row = _row(upgraded)
+            db.execute("DELETE FROM runs WHERE rowid = ?", (rowid,))
+            names, values = ", ".join(row), ", ".join("?" for _ in row)
+            db.execute(f"INSERT OR IGNORE INTO runs ({names}) VALUES ({values})", tuple(row.values()))
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         db.execute("COMMIT")
     except BaseException:
