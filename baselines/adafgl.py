@@ -52,7 +52,7 @@ among stage-2 epochs (measured, docs/baselines/adafgl.md: Cora METIS-10 77.51 of
 a 20 × 10 split, which lets the global rule choose among stage-2 rounds, wins on Cora's validation and
 not on CiteSeer's, so the default stays). `--selection per-client` runs and tabulates AdaFGL with the
 switch on (its `per_client_selection`), each client's own best round on top. Runs stored before the
-switch had it on, and are read so (gfl_bench/experiments/upgrades.py).
+switch had it on; their records were re-keyed with it filled in (gfl_bench/experiments/upgrades.py).
 
 Choices and differences (docs/baselines/adafgl.md gives each with its reason):
   - Fusion (`fusion`): "branch" (default, official `main.py`) runs only the branch the HCS test picks;
