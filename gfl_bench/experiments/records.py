@@ -38,6 +38,13 @@ def run_key_of(config_key: str, dataset: str, scheme: str, clients: int, seed: i
     return _digest(payload)
 
 
+def run_key_of_record(record: Mapping[str, Any], config_key: str) -> str:
+    """The run key of a stored record's cell and seed under `config_key` (its own, or the one an upgrade gives it);
+    a record without `participation` was made before partial participation and ran every client."""
+    return run_key_of(config_key, record["dataset"], record["scheme"], record["clients"], record["seed"],
+                      record.get("participation", 1.0))  # fmt: skip
+
+
 def _digest(payload: Mapping[str, Any]) -> str:
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:20]

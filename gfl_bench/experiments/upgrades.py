@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gflbench.experiments.records import config_key_of, run_key_of
+from gflbench.experiments.records import config_key_of, run_key_of_record
 
 # method -> {field: the value every run stored before the field existed computed with}
 FIELDS_ADDED: Mapping[str, Mapping[str, Any]] = {
@@ -42,8 +42,7 @@ def upgrade_record(record: Mapping[str, Any]) -> dict[str, Any]:
         return dict(record)
     config = {**record["config"], "params": {**params, **filled}}
     config_key = config_key_of(config)
-    run_key = run_key_of(config_key, record["dataset"], record["scheme"], record["clients"], record["seed"],
-                         record.get("participation", 1.0))  # fmt: skip
+    run_key = run_key_of_record(record, config_key)
     history = {"schema": UPGRADE_SCHEMA, "filled": filled, "run_key": record["run_key"],
                "config_key": record["config_key"]}  # fmt: skip
     return {**record, "config": config, "config_key": config_key, "run_key": run_key,

@@ -20,7 +20,7 @@ _MEAN_TOLERANCE = 1e-5
 def check_record(record: object) -> str | None:
     """What is wrong with a record about to be imported, or None: required fields missing, keys that do
     not follow from its configuration and seed, or values that are not its curves' at its best round."""
-    from gflbench.experiments.records import best_round, config_key_of, per_client_best, run_key_of
+    from gflbench.experiments.records import best_round, config_key_of, per_client_best, run_key_of_record
 
     if not isinstance(record, dict):
         return "not a run record (not a JSON object)"
@@ -35,10 +35,7 @@ def check_record(record: object) -> str | None:
             return f"its {name} {record[name]!r} is not its config's {config[name]!r}"
     if config_key_of(config) != record["config_key"]:
         return f"its config key {record['config_key']} is not the key of its config ({config_key_of(config)})"
-    key = run_key_of(
-        record["config_key"], record["dataset"], record["scheme"], record["clients"], record["seed"],
-        record.get("participation", 1.0),  # records made before partial participation ran every client
-    )  # fmt: skip
+    key = run_key_of_record(record, record["config_key"])
     if key != record["run_key"]:
         where = f"{record['dataset']} {record['scheme']}-{record['clients']} and seed {record['seed']}"
         return f"its run key {record['run_key']} does not follow from its config, {where} (that run's key is {key})"

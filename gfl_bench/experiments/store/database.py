@@ -19,7 +19,7 @@ from gflbench.core.execution import execution_rank
 from gflbench.errors import UserError
 from gflbench.experiments.store.files import write_records
 from gflbench.experiments.store.rows import _first, _row, finite
-from gflbench.experiments.store.schema import _COLUMNS, check, set_up
+from gflbench.experiments.store.schema import _COLUMNS, check, insert, set_up
 
 if TYPE_CHECKING:  # pandas (1.5 s to import) is loaded by `frame`, the one reader that needs it, not by `--help`
     import pandas as pd
@@ -179,9 +179,7 @@ class RunStore:
         verb = "INSERT OR REPLACE" if replace else "INSERT OR IGNORE"
         with self._db:  # one transaction: committed whole, or rolled back
             for row in rows:
-                names = ", ".join(row)
-                marks = ", ".join("?" for _ in row)
-                self._db.execute(f"{verb} INTO runs ({names}) VALUES ({marks})", tuple(row.values()))
+                insert(self._db, row, verb)
         return self._db.total_changes - before
 
     def _spool_record(self, record: dict, error: str) -> None:

@@ -70,6 +70,12 @@ _FIRST_COLUMNS = frozenset(c for c in (*_COLUMNS, "record") if c not in _ADDED_C
 _OUR_SCHEMA = {("table", "runs"), ("index", "runs_cell")}
 
 
+def insert(db: sqlite3.Connection, row: dict, verb: str = "INSERT", table: str = "runs") -> None:
+    """Write one row (column -> value) into `table`; `verb` may be INSERT OR IGNORE / OR REPLACE."""
+    names, marks = ", ".join(row), ", ".join("?" for _ in row)
+    db.execute(f"{verb} INTO {table} ({names}) VALUES ({marks})", tuple(row.values()))
+
+
 def set_up(db: sqlite3.Connection) -> None:
     """WAL (readers never block the writer), durable commits, and the current schema."""
     db.execute("PRAGMA journal_mode=WAL")
@@ -139,8 +145,7 @@ def _migrate_to_executions(db: sqlite3.Connection) -> None:
             row = {c: stored.get(c) for c in (*_COLUMNS, "record")}
             row["execution_key"] = execution_key(json.loads(stored["record"]))  # NaN tokens of old records parse
             row["checksum"] = None if checksum is None else _checksum(list(row.values()))
-            names, marks = ", ".join(row), ", ".join("?" for _ in row)
-            db.execute(f"INSERT INTO runs_by_execution ({names}) VALUES ({marks})", tuple(row.values()))
+            insert(db, row, table="runs_by_execution")
         db.execute("DROP TABLE runs")
         db.execute("ALTER TABLE runs_by_execution RENAME TO runs")
         db.execute(_INDEX)
@@ -171,10 +176,8 @@ def _migrate_to_full_keys(db: sqlite3.Connection) -> None:
             upgraded = upgrade_record(record)
             if upgraded["run_key"] == record["run_key"]:
                 continue
-            row = _row(upgraded)
             db.execute("DELETE FROM runs WHERE rowid = ?", (rowid,))
-            names, values = ", ".join(row), ", ".join("?" for _ in row)
-            db.execute(f"INSERT OR IGNORE INTO runs ({names}) VALUES ({values})", tuple(row.values()))
+            insert(db, _row(upgraded), "INSERT OR IGNORE")
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         db.execute("COMMIT")
     except BaseException:
