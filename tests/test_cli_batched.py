@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from gflbench.commands.app import app
@@ -81,8 +82,16 @@ def test_force_batched_over_per_client_runs_keeps_both_and_the_table_shows_their
     assert runner.invoke(app, [*run, "--force"]).exit_code == 0  # the per-client execution again: replaced
     with RunStore(tmp_path / "runs.sqlite") as store:
         runs = store.frame(every_execution=True)
-        assert [r["threads"] for r in store.records()] == [1] * 4  # --threads (default 1), recorded
-    assert sorted(runs["execution_key"]) == ["batched/dense/alone/cpu"] * 2 + ["per-client/dense/alone/cpu"] * 2
+        records = store.records()
+    assert [r["threads"] for r in records] == [1] * 4  # --threads (default 1), recorded
+    # and which CPU computed them: its instruction set as torch dispatches on it, and a digest of model and flags
+    cpus = {(r["cpu"]["capability"], r["cpu"]["digest"]) for r in records}
+    assert len(cpus) == 1 and next(iter(cpus))[0] == torch.backends.cpu.get_cpu_capability().lower()
+    cpu = "-".join(next(iter(cpus)))
+    assert (
+        sorted(runs["execution_key"])
+        == [f"batched/dense/alone/cpu/{cpu}"] * 2 + [f"per-client/dense/alone/cpu/{cpu}"] * 2
+    )
     after = runner.invoke(app, ["table", "-d", "tiny", "-f", "csv", "--seeds", "2", "--rounds", "3"])
     assert after.exit_code == 0, after.output
     header, fedavg = (row.split(",") for row in after.stdout.splitlines() if row.startswith(("Methods", "FedAvg")))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gflbench.core.execution import DEFAULT_EXECUTION_KEY
+from gflbench.core.execution import DEFAULT_EXECUTION_KEY, execution_key
 from gflbench.errors import UserError
 from gflbench.experiments.records import config_key_of, run_key_of
 from gflbench.experiments.spec import spec_of_record
@@ -158,6 +158,31 @@ def test_two_executions_of_one_run_are_both_kept_and_tables_read_the_reference(t
             assert [r["test"] for r in store.records(["a"])] == [0.5]
             assert sorted(r["test"] for r in store.records(["a"], every_execution=True)) == [0.5, 0.6]
             assert sorted(r["test"] for r in store.records()) == [0.5, 0.6]  # what export writes: both
+
+
+def test_a_run_on_another_cpu_is_another_execution_and_never_moves_the_stored_cell(tmp_path):
+    """A CPU record that names its CPU (instruction set and digest) is keyed apart from the same run computed on
+    another CPU and from a record written before CPUs were recorded; the table keeps reading the older record,
+    and two machines that disagree are both kept, so their spread is measured. A GPU record names no CPU."""
+    unnamed = {**_record("a", 0.5), "device": "cpu"}
+    avx512 = {**_record("a", 0.6), "device": "cpu", "cpu": {"model": "X", "capability": "avx512", "digest": "1a2b3c4d"}}
+    avx2 = {**avx512, "test": 0.7, "cpu": {"model": "Y", "capability": "avx2", "digest": "5e6f7a8b"}}
+    cuda = {**avx512, "device": "cuda:0"}
+    assert [execution_key(r) for r in (unnamed, avx512, avx2, cuda)] == [
+        "per-client/dense/alone/cpu",
+        "per-client/dense/alone/cpu/avx512-1a2b3c4d",
+        "per-client/dense/alone/cpu/avx2-5e6f7a8b",
+        "per-client/dense/alone/cuda",
+    ]
+    with RunStore(tmp_path / "runs.sqlite") as store:
+        for record in (avx2, avx512, unnamed):  # the older record stored last: still the one tables read
+            store.put(record)
+        assert len(store) == 3 and store.frame()["test"].tolist() == [0.5]
+        assert store.executions("a")[0] == "per-client/dense/alone/cpu"
+    with RunStore(tmp_path / "named.sqlite") as store:
+        for record in (avx2, avx512):  # no unnamed one: the keys' text decides, whatever the order stored
+            store.put(record)
+        assert store.frame()["test"].tolist() == [0.7]
 
 
 def test_import_keeps_two_executions_of_a_run_and_refuses_one_execution_twice(tmp_path):

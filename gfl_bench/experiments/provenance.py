@@ -1,8 +1,9 @@
-"""Where a number came from: package versions, the code's git commit and the device."""
+"""Where a number came from: package versions, the code's git commit, the device and, on a CPU, which CPU."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import platform
 import subprocess
 from importlib import metadata
@@ -54,9 +55,32 @@ def device_name(device: torch.device) -> str:
 
 
 def provenance(device: torch.device) -> dict[str, Any]:
-    return {
+    found = {
         "versions": _versions(),
         "git_commit": git_commit(),
         "device": str(device),
         "device_name": device_name(device),
     }
+    if device.type == "cpu":
+        found["cpu"] = cpu_identity()
+    return found
+
+
+@functools.cache
+def cpu_identity() -> dict[str, str]:
+    """Which CPU computed a CPU run, as far as it can change the arithmetic: the vector instruction set torch's
+    kernels dispatch on, and a digest of the CPU's model and feature flags (MKL and oneDNN pick their kernels by
+    those). Two VMs that agree on both compute the same bits; runs that do not are another execution
+    (core/execution.py), kept beside each other so the spread between machines is measured, not hidden.
+    docs/protocol.md, "Executions and the execution band"."""
+    found: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():  # every core repeats them: the first wins
+            name, _, value = line.partition(":")
+            found.setdefault(name.strip(), value.strip())
+    except OSError:  # not Linux: the model and machine alone
+        pass
+    model = found.get("model name") or platform.processor() or platform.machine()
+    flags = " ".join(sorted(found.get("flags", "").split()))
+    digest = hashlib.sha256(f"{model}|{flags}".encode()).hexdigest()[:8]
+    return {"model": model, "capability": torch.backends.cpu.get_cpu_capability().lower(), "digest": digest}
