@@ -55,7 +55,8 @@ class Execution:
 
     @classmethod
     def of_record(cls, record: Mapping[str, Any]) -> Execution:
-        """The execution a stored record states (runner's `execution`, `features`, `stacked_runs`, `device`)."""
+        """The execution a stored record states (runner's `execution`, `features`, `stacked_runs`, `device`, and
+        provenance's `cpu` on a CPU)."""
         device = str(record.get("device") or cls.device).split(":")[0]
         cpu = record.get("cpu") if device == "cpu" else None
         return cls(

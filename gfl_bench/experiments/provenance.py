@@ -70,8 +70,9 @@ def provenance(device: torch.device) -> dict[str, Any]:
 def cpu_identity() -> dict[str, str]:
     """Which CPU computed a CPU run, as far as it can change the arithmetic: the vector instruction set torch's
     kernels dispatch on, and a digest of the CPU's model and feature flags (MKL and oneDNN pick their kernels by
-    those). Two VMs that agree on both compute the same bits; runs that do not are another execution
-    (core/execution.py), kept beside each other so the spread between machines is measured, not hidden.
+    those). Runs on VMs that agree on both are taken as one execution, so a disagreement between them is a conflict
+    `import` reports; runs that differ are another execution (core/execution.py), kept beside each other so the
+    spread between machines is measured, not hidden.
     docs/protocol.md, "Executions and the execution band"."""
     found: dict[str, str] = {}
     try:
