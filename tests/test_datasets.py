@@ -146,6 +146,13 @@ def test_load_generated_raw_files_through_mirror(name: str, mirror: Path, tmp_pa
         expected_x = raw_x
     assert torch.allclose(data.x, expected_x, atol=1e-5)
 
+    # the other normalisation (a `paper` source's `feature_norm`) from the same processed file: only x differs
+    other = load_dataset(name, data_dir, "none" if name in ROW_NORMALISED else "row")
+    assert torch.equal(other.y, data.y) and torch.equal(other.edge_index, data.edge_index)
+    shifted = raw_x - raw_x.min()  # NormalizeFeatures shifts to non-negative, then divides by the row sum (min 1)
+    other_x = raw_x if name in ROW_NORMALISED else shifted / shifted.sum(dim=1, keepdim=True).clamp(min=1)
+    assert torch.allclose(other.x, other_x, atol=1e-5) and not torch.allclose(other.x, data.x)
+
     for rel in files:
         assert (data_dir / rel).read_bytes() == (mirror / rel).read_bytes()
     assert (data_dir / files[0].parts[0] / "processed").is_dir()

@@ -129,6 +129,7 @@ def test_the_schedule_is_the_papers_only_under_paper(tmp_path):
         (HEADER + "*,*,*,backbone,resnet,src\n", "resnet"),
         (HEADER + "*,*,*,local_epochs,1.5,src\n", "local_epochs must be a whole number"),
         (HEADER + "*,*,*,rounds,0,src\n", "rounds must be at least 1"),
+        (HEADER + "*,*,*,feature_norm,l2,src\n", "feature_norm must be one of row, none, got 'l2'"),
         (HEADER + "corra,*,*,hidden,64,src\n", "unknown dataset 'corra'"),
         (HEADER + "cora,louvain,*,hidden,64,src\n", "unknown partition scheme 'louvain'"),
         (HEADER + "cora,overlap,12,hidden,64,src\n", "line 2: the overlap scheme makes clients in groups of 5"),

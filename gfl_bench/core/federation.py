@@ -56,20 +56,28 @@ class DataCache:
     def __init__(self, data_dir: Path | None, partition_dir: Path | None) -> None:
         self.data_dir = data_dir
         self.partition_dir = partition_dir
-        self._graphs: dict[str, Data] = {}
-        self._federated: dict[tuple[str, str, int, int], FederatedData] = {}
+        self._graphs: dict[tuple[str, str | None], Data] = {}
+        self._federated: dict[tuple[str, str, int, int, str | None], FederatedData] = {}
 
-    def graph(self, dataset: str) -> Data:
-        if dataset not in self._graphs:
-            self._graphs[dataset] = load_dataset(dataset, self.data_dir)
-        return self._graphs[dataset]
+    def graph(self, dataset: str, feature_norm: str | None = None) -> Data:
+        """The global graph, its features as `feature_norm` asks (None: the dataset's own preprocessing)."""
+        if (dataset, feature_norm) not in self._graphs:
+            self._graphs[dataset, feature_norm] = load_dataset(dataset, self.data_dir, feature_norm)
+        return self._graphs[dataset, feature_norm]
 
-    def federated(self, dataset: str, scheme: str, clients: int, data_seed: int) -> FederatedData:
-        key = (dataset, scheme, clients, data_seed)
+    def federated(
+        self, dataset: str, scheme: str, clients: int, data_seed: int, feature_norm: str | None = None
+    ) -> FederatedData:
+        """The federation of one setting. The partition is always computed on the dataset's own graph: features
+        never enter it, so a run on unnormalised features has the same clients and splits (and partition hash) as one
+        on the default preprocessing, and only the client graphs' x differ."""
+        key = (dataset, scheme, clients, data_seed, feature_norm)
         if key not in self._federated:
             spec = dataset_spec(dataset)
-            graph = self.graph(dataset)
-            partition = cached_partition(graph, dataset, scheme, clients, data_seed, spec.split, self.partition_dir)
+            graph = self.graph(dataset, feature_norm)
+            partition = cached_partition(
+                self.graph(dataset), dataset, scheme, clients, data_seed, spec.split, self.partition_dir
+            )
             self._federated[key] = FederatedData(
                 dataset=dataset,
                 metric=spec.metric,

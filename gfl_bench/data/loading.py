@@ -8,6 +8,7 @@ data directory first (`raw.missing_raw_files`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import os
 import shutil
@@ -19,7 +20,14 @@ from typing import TYPE_CHECKING
 from gflbench.data.fingerprint import data_fingerprint, read_fingerprint, write_fingerprint
 from gflbench.data.pyg import LOADERS, preprocess
 from gflbench.data.raw import missing_raw_files, raw_digests
-from gflbench.data.registry import DATA_DIR_ENV, RAW_MIRROR_ENV, DatasetSpec, dataset_spec, default_data_dir
+from gflbench.data.registry import (
+    DATA_DIR_ENV,
+    RAW_MIRROR_ENV,
+    DatasetSpec,
+    check_feature_norm,
+    dataset_spec,
+    default_data_dir,
+)
 from gflbench.data.synthetic import tiny_graph
 from gflbench.data.verbosity import quiet_libraries, say_verbose
 from gflbench.errors import UserError
@@ -28,18 +36,28 @@ if TYPE_CHECKING:
     from torch_geometric.data import Data
 
 
-def load_dataset(name: str, data_dir: Path | None = None) -> Data:
-    """The preprocessed global graph of `name`: undirected, largest connected component, y of shape [N].
+def load_dataset(name: str, data_dir: Path | None = None, feature_norm: str | None = None) -> Data:
+    """The preprocessed global graph of `name`: undirected, largest connected component, y of shape [N], its
+    features normalised as `feature_norm` asks (registry.FEATURE_NORMS; None: the dataset's own,
+    `DatasetSpec.feature_norm`).
 
     Raw files are checked (`raw.missing_raw_files`, `raw.raw_digests`) and the processed file against its
     fingerprint (`_load_checked`) under a lock per dataset, so that processes sharing a data directory
-    never rebuild or replace one dataset's files at the same time.
+    never rebuild or replace one dataset's files at the same time. PyG's processed file holds the features as
+    read, so both preprocessings come from the same file.
     """
     spec = dataset_spec(name)
-    if spec.name == "tiny":
-        return tiny_graph()
-    if spec.name == "synthetic-arxiv-size":
-        return tiny_graph(num_nodes=169_343, num_classes=40, num_features=128, degree=6)
+    if feature_norm is not None:
+        check_feature_norm(feature_norm)
+        spec = dataclasses.replace(spec, normalize_features=feature_norm == "row")
+    if spec.synthetic:
+        graph = tiny_graph() if spec.name == "tiny" else tiny_graph(num_nodes=169_343, num_classes=40,
+                                                                    num_features=128, degree=6)  # fmt: skip
+        if spec.normalize_features:
+            from torch_geometric.transforms import NormalizeFeatures
+
+            return NormalizeFeatures()(graph)
+        return graph
     data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
     with _dataset_lock(spec, data_dir):
         try:

@@ -33,6 +33,22 @@ class DatasetSpec:
     normalize_features: bool = True
     synthetic: bool = False  # generated (tiny, the arxiv-sized graph): in no paper table
 
+    @property
+    def feature_norm(self) -> str:
+        """The protocol's feature normalisation for this graph, one of FEATURE_NORMS."""
+        return "row" if self.normalize_features else "none"
+
+
+# A run's node features: row-normalised (`row`: L1 = 1, PyG's NormalizeFeatures; the FED-PUB protocol for Planetoid
+# and Amazon) or as the dataset class reads them (`none`). A source that reads them unnormalised (FedTAD's code)
+# sets `feature_norm=none` in its `paper` preset (docs/protocol.md, "Feature normalisation").
+FEATURE_NORMS = ("row", "none")
+
+
+def check_feature_norm(feature_norm: str) -> None:
+    if feature_norm not in FEATURE_NORMS:
+        raise UserError(f"feature_norm must be one of {', '.join(FEATURE_NORMS)}, got {feature_norm!r}")
+
 
 _PLANETOID_RAW = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
 _OGB_ARXIV_RAW = (

@@ -67,7 +67,9 @@ def run_job(job: list[RunSpec], env: Environment, on_round: RoundDone | None = N
     started = time.time()
     first = job[0]
     try:
-        data = _caches[env.data_dir].federated(first.dataset, first.scheme, first.clients, first.data_seed)
+        data = _caches[env.data_dir].federated(
+            first.dataset, first.scheme, first.clients, first.data_seed, first.feature_norm
+        )
         check_measurable(data)  # the driver checked already, unless it has no data (Ray)
         records = run_together(job, data, device, on_round, env.snapshot_rounds, env.snapshot_dir,
                                env.batched or len(job) > 1, env.sparse_features)  # fmt: skip

@@ -10,7 +10,8 @@ missing file an error instead of a silently empty preset.
 Format: CSV, header `dataset,scheme,clients,key,value,source`, one value per line; lines starting with
 `#` are comments (a file says what it holds and why at its top).
 - dataset, scheme, clients: the setting a row applies to; `*` in a column means every value of it.
-- key: a field of the method's Params, or `rounds` / `local_epochs` (the schedule; `paper` only).
+- key: a field of the method's Params, or `rounds` / `local_epochs` (the schedule; `paper` only), or `feature_norm`
+  (`row` or `none`: whether the source row-normalises the node features; `paper` only).
 - value: as on the command line (`--set key=value`), checked against the field's type and range.
 - source: where the value was published (`owner/repo@commit file:line`, or a paper and its section),
   never empty; a value whose source was not found says "source not found" there.
@@ -33,10 +34,13 @@ from gflbench.backbones import backbone_class
 from gflbench.core.method import Method, resolve_params
 from gflbench.data import DATASETS
 from gflbench.data.partition import SCHEMES, check_clients
+from gflbench.data.registry import check_feature_norm
 from gflbench.errors import UserError
+from gflbench.experiments.protocol import FEATURE_NORM_KEY
 
 COLUMNS = ("dataset", "scheme", "clients", "key", "value", "source")
 SCHEDULE_KEYS = ("rounds", "local_epochs")  # set RunSpec's schedule, not a Params field
+RUN_KEYS = (*SCHEDULE_KEYS, FEATURE_NORM_KEY)  # every key that sets a RunSpec field rather than a Params one
 EVERY = "*"
 PRESET_DIR = Path(__file__).with_name("presets")  # shipped as package data (pyproject.toml)
 
@@ -158,8 +162,11 @@ def _check_value(method: type[Method], key: str, value: str) -> None:
     if key in SCHEDULE_KEYS:
         _positive_int(key, value)
         return
+    if key == FEATURE_NORM_KEY:
+        check_feature_norm(value)
+        return
     if key not in {field.name for field in dataclasses.fields(method.Params)}:
-        raise UserError(f"{method.name} has no parameter {key!r} (nor is it one of {', '.join(SCHEDULE_KEYS)})")
+        raise UserError(f"{method.name} has no parameter {key!r} (nor is it one of {', '.join(RUN_KEYS)})")
     resolve_params(method, {key: value})  # the field's type and declared range, as `--set` checks them
     if key == "backbone":
         backbone_class(value)

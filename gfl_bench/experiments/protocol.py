@@ -37,6 +37,7 @@ PROTOCOLS = {
     "fair": "every method tuned on validation with the same trial budget",
 }
 DEFAULT_PROTOCOL = "paper"
+FEATURE_NORM_KEY = "feature_norm"  # a preset's (or `--set`'s) feature normalisation, RunSpec.feature_norm
 TUNED_ENV = "GFLBENCH_TUNED"
 DEFAULT_TUNED_DIR = Path("results") / "tuned"
 
@@ -142,11 +143,11 @@ def protocol_values(
 ) -> dict[str, str]:
     """The `key=value` settings a protocol gives one method's Params in one setting, as `--set` strings."""
     from gflbench.core.method import resolve_params  # here, not above: the CLI reads this module's names without torch
-    from gflbench.experiments.presets import SCHEDULE_KEYS, paper_preset
+    from gflbench.experiments.presets import RUN_KEYS, paper_preset
 
     check_protocol(protocol)
     preset = {
-        key: value for key, value in paper_preset(method, dataset, scheme, clients).items() if key not in SCHEDULE_KEYS
+        key: value for key, value in paper_preset(method, dataset, scheme, clients).items() if key not in RUN_KEYS
     }
     if protocol == "paper":
         return preset
@@ -183,6 +184,17 @@ def protocol_schedule(protocol: str, method: type, dataset: str, scheme: str, cl
         return {}
     preset = paper_preset(method, dataset, scheme, clients)
     return {key: int(preset[key]) for key in SCHEDULE_KEYS if key in preset}
+
+
+def protocol_feature_norm(method: type, dataset: str, scheme: str, clients: int) -> str | None:
+    """The feature normalisation the `paper` preset gives one method in one setting (None: the dataset's own).
+
+    A source that reads the graph without the protocol's row normalisation (FedTAD's code loads Planetoid and
+    Amazon with no transform) trains on unnormalised features under `paper`; `fair` runs every method on the same
+    data."""
+    from gflbench.experiments.presets import paper_preset
+
+    return paper_preset(method, dataset, scheme, clients).get(FEATURE_NORM_KEY)
 
 
 def hyperparameter_source(protocol: str, folder: Path | None = None) -> str:

@@ -22,8 +22,16 @@ from gflbench.core.method import MethodParams, method_class, resolve_params
 from gflbench.core.switches import EXECUTION, switches
 from gflbench.data import dataset_spec
 from gflbench.data.partition import DEFAULT_DATA_SEED, check_clients, check_data_seed
+from gflbench.data.registry import check_feature_norm
 from gflbench.errors import UserError
-from gflbench.experiments.protocol import DEFAULT_PROTOCOL, protocol_schedule, protocol_values, tuned_source
+from gflbench.experiments.protocol import (
+    DEFAULT_PROTOCOL,
+    FEATURE_NORM_KEY,
+    protocol_feature_norm,
+    protocol_schedule,
+    protocol_values,
+    tuned_source,
+)
 from gflbench.experiments.records import config_key_of, run_key_of
 from gflbench.experiments.upgrades import upgrade_record
 
@@ -45,13 +53,17 @@ class RunSpec:
     # The fraction F of clients taking part in each round (docs/protocol.md, "Partial participation"); in the
     # run key, as the partition is, only when below 1.
     participation: float = 1.0
+    # The features' normalisation when not the dataset's own ("none" where a `paper` source reads them unnormalised;
+    # docs/protocol.md, "Feature normalisation"); None: the dataset's. In the configuration only when set, so the
+    # keys of every run on the dataset's own features stay what they were before the field existed.
+    feature_norm: str | None = None
     # Where `fair`'s values came from (the tuned file and its sha256), for the record: not in any key.
     tuned_file: str | None = field(default=None, compare=False)
     tuned_sha256: str | None = field(default=None, compare=False)
 
     def config(self) -> dict[str, Any]:
         """The resolved configuration shared by every seed and partition of this method on this dataset."""
-        return {
+        config = {
             "method": self.method,
             "params": dataclasses.asdict(self.params),  # every field: records stored before one existed are upgraded
             "rounds": self.rounds,
@@ -60,6 +72,7 @@ class RunSpec:
             "protocol": self.protocol,
             "harness": HARNESS_VERSION,
         }
+        return config if self.feature_norm is None else {**config, FEATURE_NORM_KEY: self.feature_norm}
 
     @property
     def config_key(self) -> str:
@@ -90,7 +103,7 @@ def spec_of_record(record: Mapping[str, Any]) -> RunSpec:
         raise UserError(f"run {record['run_key']}: its parameters do not fit {record['method']}'s ({error})") from None
     return RunSpec(record["method"], params, record["dataset"], record["scheme"], record["clients"], record["seed"],
                    config["rounds"], config["local_epochs"], config["data_seed"], config["protocol"],
-                   record.get("participation", 1.0))  # fmt: skip
+                   record.get("participation", 1.0), config.get(FEATURE_NORM_KEY))  # fmt: skip
 
 
 def execution_variants(spec: RunSpec) -> dict[str, str]:
@@ -128,6 +141,8 @@ def make_spec(
     Rounds and local epochs: `rounds` / `local_epochs` if given, else the protocol's for this method
     (`paper` runs a source's own schedule, FedTAD's 3 local epochs), else the dataset's; `shared_schedule`
     skips the protocol's (the trials of `gflbench tune`, which run at `fair`'s schedule, the dataset's).
+    Feature normalisation likewise: `feature_norm=...` among `overrides` (`--set feature_norm=none`), else the
+    protocol's (FedTAD's `paper` source reads features unnormalised), else the dataset's; the dataset's is None.
     Every bad input raises UserError here, before any work; so does `fair` without tuned values, and a
     `participation` outside (0, 1].
     """
@@ -137,8 +152,14 @@ def make_spec(
     check_data_seed(data_seed)
     preset = protocol_values(protocol, method_cls, dataset, scheme, clients, tuned)
     tuned_file, tuned_sha256 = tuned_source(protocol, dataset, scheme, clients, tuned)
-    schedule = {} if shared_schedule else protocol_schedule(protocol, method_cls, dataset, scheme, clients)
-    params = resolve_params(method_cls, {**preset, **(overrides or {})})
+    shared = shared_schedule or protocol != "paper"
+    schedule = {} if shared else protocol_schedule(protocol, method_cls, dataset, scheme, clients)
+    params_overrides = dict(overrides or {})
+    feature_norm = params_overrides.pop(FEATURE_NORM_KEY, None) or (None if shared else protocol_feature_norm(
+        method_cls, dataset, scheme, clients))  # fmt: skip
+    if feature_norm is not None:
+        check_feature_norm(feature_norm)
+    params = resolve_params(method_cls, {**preset, **params_overrides})
     backbone_class(params.backbone)
     for name, value in (("rounds", rounds), ("local epochs", local_epochs)):
         if value is not None and value < 1:
@@ -154,6 +175,7 @@ def make_spec(
         local_epochs=local_epochs or schedule.get("local_epochs", data.local_epochs),
         data_seed=data_seed,
         protocol=protocol,
+        feature_norm=None if feature_norm == data.feature_norm else feature_norm,
         tuned_file=tuned_file,
         tuned_sha256=tuned_sha256,
     )

@@ -183,10 +183,13 @@ class Selection:
                 f"{hyperparameter_source(self.protocol, self.tuned)}{extra}. Row labels name each method's backbone.")  # fmt: skip
 
     def row_label(self, method: str, title: str, settings: Sequence[tuple[str, str, int]]) -> str:
-        """`Title [backbone]` over the table's cells, plus `≡ Other` where every cell provably computes another row."""
+        """`Title [backbone]` over the table's cells, plus `≡ Other` where every cell provably computes another row,
+        and the features' normalisation where a cell's is not its dataset's (`unnormalised x`, a source's loader)."""
         specs = [s for s in (self.spec_of(method, d, sc, c) for d, sc, c in settings) if s is not None]
         backbones = sorted({s.params.backbone for s in specs})
-        label = f"{title} [{'/'.join(backbones)}]" if backbones else title
+        norms = sorted({f"{'unnormalised' if s.feature_norm == 'none' else 'row-normalised'} x" for s in specs
+                        if s.feature_norm is not None})  # fmt: skip
+        label = f"{title} [{', '.join(['/'.join(backbones), *norms])}]" if backbones else title
         twins = {same_computation(s, self) for s in specs}
         if len(twins) == 1 and None not in twins:
             label += f" ≡ {method_class(twins.pop()).title}"
@@ -205,6 +208,10 @@ def same_computation(spec: RunSpec, sel: Selection) -> str | None:
         return None
     name, values = twin
     other = sel.spec_of(name, spec.dataset, spec.scheme, spec.clients)
-    if other is None or other.rounds != spec.rounds or other.local_epochs != spec.local_epochs:
+    if other is None or (other.rounds, other.local_epochs, other.feature_norm) != (
+        spec.rounds,
+        spec.local_epochs,
+        spec.feature_norm,
+    ):
         return None
     return name if dataclasses.asdict(other.params) == values else None
