@@ -36,6 +36,7 @@ from gflbench.baselines.adafgl import (
 from gflbench.commands.app import app
 from gflbench.core.method import Round, resolve_params
 from gflbench.core.metrics import accuracy
+from gflbench.data import DATASETS
 from gflbench.errors import UserError
 from gflbench.experiments.runner import run
 from gflbench.experiments.spec import make_spec
@@ -370,7 +371,9 @@ def test_runs_stored_before_the_switch_are_found_with_it_on():
     assert stored
     for record in stored:
         cell = (record["dataset"], record["scheme"], record["clients"], record["seed"])
-        shared = {"keep_best_epoch": "true", "hidden": "128", "weight_decay": "1e-06"}
+        # ... and on the dataset's own features (the preset's `feature_norm=none` on Planetoid came later still)
+        own = DATASETS[record["dataset"]].feature_norm
+        shared = {"keep_best_epoch": "true", "hidden": "128", "weight_decay": "1e-06", "feature_norm": own}
         schedule = {"rounds": record["config"]["rounds"], "local_epochs": record["config"]["local_epochs"]}
         on = make_spec("adafgl", *cell, shared, protocol="paper", **schedule)
         off = make_spec("adafgl", *cell, protocol="paper")

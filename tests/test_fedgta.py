@@ -248,6 +248,7 @@ def test_params_are_checked_and_the_paper_preset_is_the_official_config():
         "moment_type": "hybrid",
         "moments": "6",
         "accept": "0.5",
+        "feature_norm": "none",  # the official loader reads Planetoid with no transform
     }
     assert paper_preset(FedGTA, "pubmed", "metis", 10)["moment_type"] == "origin"
     assert (
