@@ -186,14 +186,16 @@ def protocol_schedule(protocol: str, method: type, dataset: str, scheme: str, cl
     return {key: int(preset[key]) for key in SCHEDULE_KEYS if key in preset}
 
 
-def protocol_feature_norm(method: type, dataset: str, scheme: str, clients: int) -> str | None:
-    """The feature normalisation the `paper` preset gives one method in one setting (None: the dataset's own).
+def protocol_feature_norm(protocol: str, method: type, dataset: str, scheme: str, clients: int) -> str | None:
+    """The feature normalisation a protocol gives one method in one setting (None: the dataset's own).
 
-    A source that reads the graph without the protocol's row normalisation (FedTAD's code loads Planetoid and
-    Amazon with no transform) trains on unnormalised features under `paper`; `fair` runs every method on the same
-    data."""
+    Only `paper` sets one, where a source reads the graph without the protocol's row normalisation (FedTAD's code
+    loads Planetoid and Amazon with no transform); `fair` runs every method on the same data."""
     from gflbench.experiments.presets import paper_preset
 
+    check_protocol(protocol)
+    if protocol != "paper":
+        return None
     return paper_preset(method, dataset, scheme, clients).get(FEATURE_NORM_KEY)
 
 

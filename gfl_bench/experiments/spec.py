@@ -152,11 +152,14 @@ def make_spec(
     check_data_seed(data_seed)
     preset = protocol_values(protocol, method_cls, dataset, scheme, clients, tuned)
     tuned_file, tuned_sha256 = tuned_source(protocol, dataset, scheme, clients, tuned)
-    shared = shared_schedule or protocol != "paper"
-    schedule = {} if shared else protocol_schedule(protocol, method_cls, dataset, scheme, clients)
+    schedule = {} if shared_schedule else protocol_schedule(protocol, method_cls, dataset, scheme, clients)
     params_overrides = dict(overrides or {})
-    feature_norm = params_overrides.pop(FEATURE_NORM_KEY, None) or (None if shared else protocol_feature_norm(
-        method_cls, dataset, scheme, clients))  # fmt: skip
+    if FEATURE_NORM_KEY in params_overrides:
+        feature_norm: str | None = params_overrides.pop(FEATURE_NORM_KEY)
+    else:
+        feature_norm = (
+            None if shared_schedule else protocol_feature_norm(protocol, method_cls, dataset, scheme, clients)
+        )
     if feature_norm is not None:
         check_feature_norm(feature_norm)
     params = resolve_params(method_cls, {**preset, **params_overrides})
